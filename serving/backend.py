@@ -1,0 +1,108 @@
+"""What the batcher runs: a Laya agent or a distilled student, behind the same four operations.
+
+`prepare` (request thread: validation, tokenisation; `ValueError` → 422), `cost` (rows and tokens per
+row, for the batch limits), `run` (model worker: ONE pass over units from many requests, split back per
+unit) and `finish` (request thread: the answer JSON). Heavy imports happen in `load_backend`, in the
+serving process, so the gunicorn master and `pagoda --help` never import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from serving.config import ServeConfig
+
+
+class LayaBackend:
+    kind = "laya"
+
+    def __init__(self, agent: Any, name: str):
+        self.agent = agent
+        self.name = name
+        self.default_questions: dict | None = None
+
+    def prepare(self, state: Any, questions: dict, budgets: dict) -> Any:
+        return self.agent.prepare(state, questions, **budgets)
+
+    def cost(self, prepared: Any) -> tuple[int, int]:
+        return len(prepared.rows), max((row.n_tokens for row in prepared.rows), default=0)
+
+    def run(self, units: list[Any]) -> list[list[Any]]:
+        rows = [row for prepared in units for row in prepared.rows]
+        outputs = self.agent.forward(rows) if rows else []
+        split, offset = [], 0
+        for prepared in units:
+            split.append(outputs[offset:offset + len(prepared.rows)])
+            offset += len(prepared.rows)
+        return split
+
+    def finish(self, prepared: Any, outputs: list[Any]) -> dict:
+        return self.agent.finish(prepared, outputs)
+
+
+@dataclass
+class StudentUnit:
+    state: Any
+    names: list[str]
+    chars: int
+
+
+class StudentBackend:
+    """A distilled student answers only the questions it was distilled for, all of them in one pass."""
+
+    kind = "student"
+
+    def __init__(self, student: Any, name: str):
+        self.student = student
+        self.name = name
+        self.default_questions = dict(student.questions)
+
+    def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
+        if budgets:
+            field = sorted(budgets)[0]
+            raise ValueError(f"{field}: not supported when serving a student (its budgets are fixed at distillation)")
+        names = self.student.select(questions)
+        from distill.runtime import state_text
+
+        return StudentUnit(state, names, len(state_text(state)))
+
+    def cost(self, unit: StudentUnit) -> tuple[int, int]:
+        # The student reads the state once for all its heads; ~4 characters per token is enough for a limit.
+        return 1, max(1, unit.chars // 4)
+
+    def run(self, units: list[StudentUnit]) -> list[dict]:
+        results = self.student.predict_batch([u.state for u in units])
+        out = []
+        for unit, result in zip(units, results):
+            usage = dict(result["usage"])
+            usage["truncated_questions"] = [n for n in usage.get("truncated_questions", []) if n in unit.names]
+            out.append({**result, "answers": {n: result["answers"][n] for n in unit.names}, "usage": usage})
+        return out
+
+    def finish(self, unit: StudentUnit, output: dict) -> dict:
+        return output
+
+
+def load_backend(cfg: ServeConfig) -> LayaBackend | StudentBackend:
+    if cfg.student:
+        from distill.runtime import Student
+
+        student = Student(cfg.student)
+        return StudentBackend(student, f"student:{student.name}")
+    import torch
+
+    import laya
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    agent = laya.load(cfg.model)
+    return LayaBackend(agent, _model_name(cfg.model))
+
+
+def _model_name(path: str | None) -> str:
+    if path is None:
+        return "laya-mini"
+    from pathlib import Path
+
+    return Path(path).resolve().name

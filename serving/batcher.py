@@ -1,0 +1,210 @@
+"""Cross-request batching: one model-worker thread per process turns concurrent requests into padded batches.
+
+Request threads prepare their work (validation, tokenisation) themselves and `submit` it; the worker
+takes units from the front of one FIFO queue until the batch would pass `max_batch_questions` rows or
+`max_batch_tokens` padded tokens, waiting at most `max_wait_ms` for company, runs ONE forward pass and
+hands each unit its own slice back. Throughput then grows with concurrency because a forward pass over
+many rows costs far less than that many passes of a few rows.
+
+Safety properties the tests hold it to:
+- A full queue refuses at submit (`QueueFull` → 503 + Retry-After) instead of growing without bound.
+- A request past its deadline stops waiting (`DeadlineExceeded` → 504); the worker skips its units
+  if they have not run yet, and nothing else in the queue moves.
+- A forward pass that fails with several requests in it is re-run one request at a time, so one
+  request's bad input fails only that request and every other one still gets its own answer.
+With `batching=False` the worker runs exactly one request per pass: the baseline the benchmark compares to.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from serving.metrics import Metrics
+
+log = logging.getLogger("pagoda.batcher")
+
+
+class QueueFull(Exception):
+    pass
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+class ModelError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_questions: int = 256
+    max_tokens: int = 65536
+    max_wait_ms: float = 2.0
+    max_queue: int = 1024
+    batching: bool = True
+
+
+class Ticket:
+    """One request's units in flight; `wait` returns their outputs in submission order."""
+
+    def __init__(self, n_units: int, deadline: float):
+        self.outputs: list[Any] = [None] * n_units
+        self.remaining = n_units
+        self.deadline = deadline
+        self.enqueued = time.monotonic()
+        self.started: float | None = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self._done = threading.Event()
+        if n_units == 0:
+            self._done.set()
+
+    @property
+    def queue_ms(self) -> float:
+        return round(((self.started or self.enqueued) - self.enqueued) * 1000, 3)
+
+    def wait(self) -> list[Any]:
+        if not self._done.wait(timeout=max(0.0, self.deadline - time.monotonic())):
+            self.abandoned = True  # the worker drops any of our units it has not run yet
+            raise DeadlineExceeded()
+        if self.error is not None:
+            raise self.error
+        return self.outputs
+
+    def _start(self, now: float) -> None:
+        if self.started is None:
+            self.started = now
+
+    def _deliver(self, index: int, output: Any) -> None:
+        self.outputs[index] = output
+        self.remaining -= 1
+        if self.remaining == 0:
+            self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self.error = error
+            self._done.set()
+
+
+@dataclass
+class _Entry:
+    ticket: Ticket
+    index: int
+    unit: Any
+    rows: int
+    width: int
+
+
+class Batcher:
+    """`run(units) -> outputs` is the backend's one padded forward pass over any mix of units."""
+
+    def __init__(self, run: Callable[[list[Any]], list[Any]], limits: BatchLimits, metrics: Metrics):
+        self._run = run
+        self.limits = limits
+        self.metrics = metrics
+        self._queue: deque[_Entry] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="pagoda-model-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, units: Sequence[Any], costs: Sequence[tuple[int, int]], deadline: float) -> Ticket:
+        """Queue a request's units; `costs[i]` is `(rows, tokens per row)` of `units[i]`."""
+        ticket = Ticket(len(units), deadline)
+        with self._cv:
+            if self._stopping:
+                raise QueueFull("server is stopping")
+            if len(self._queue) + len(units) > self.limits.max_queue:
+                raise QueueFull(f"queue full ({len(self._queue)} states waiting, limit {self.limits.max_queue})")
+            for index, (unit, (rows, width)) in enumerate(zip(units, costs)):
+                self._queue.append(_Entry(ticket, index, unit, rows, width))
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cv.notify()
+        return ticket
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Finish what is queued, then end the worker."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._collect()
+            if batch is None:
+                return
+            if batch:
+                self._execute(batch)
+
+    def _collect(self) -> list[_Entry] | None:
+        limits = self.limits
+        with self._cv:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cv.wait()
+            batch: list[_Entry] = []
+            rows = width = 0
+            wait_until: float | None = None
+            while True:
+                full = False
+                while self._queue:
+                    entry = self._queue[0]
+                    now = time.monotonic()
+                    if entry.ticket.abandoned or entry.ticket.error is not None:
+                        self._queue.popleft()
+                        continue
+                    if now >= entry.ticket.deadline:
+                        self._queue.popleft()
+                        entry.ticket._fail(DeadlineExceeded())
+                        continue
+                    if batch and not limits.batching and entry.ticket is not batch[0].ticket:
+                        full = True
+                        break
+                    new_rows, new_width = rows + entry.rows, max(width, entry.width)
+                    if batch and (new_rows > limits.max_questions or new_rows * new_width > limits.max_tokens):
+                        full = True
+                        break
+                    self._queue.popleft()
+                    batch.append(entry)
+                    rows, width = new_rows, new_width
+                if full or not limits.batching or self._stopping or not batch:
+                    break
+                now = time.monotonic()
+                wait_until = wait_until or now + limits.max_wait_ms / 1000
+                if now >= wait_until:
+                    break
+                self._cv.wait(wait_until - now)
+            self.metrics.queue_depth.set(len(self._queue))
+            return batch
+
+    def _execute(self, batch: list[_Entry]) -> None:
+        start = time.monotonic()
+        for entry in batch:
+            entry.ticket._start(start)
+        waits = [start - entry.ticket.enqueued for entry in batch]
+        try:
+            outputs = self._run([entry.unit for entry in batch])
+        except Exception as exc:  # noqa: BLE001 -- reported per request below, never lost
+            tickets = {id(e.ticket): e.ticket for e in batch}
+            if len(tickets) == 1:
+                log.exception("model forward failed")
+                batch[0].ticket._fail(ModelError(str(exc)))
+                return
+            # Re-run request by request so only the request that breaks the model fails.
+            for ticket_id in tickets:
+                self._execute([e for e in batch if id(e.ticket) == ticket_id])
+            return
+        forward_s = time.monotonic() - start
+        self.metrics.observe_batch(len(batch), sum(e.rows for e in batch), forward_s, waits)
+        for entry, output in zip(batch, outputs):
+            entry.ticket._deliver(entry.index, output)

@@ -1,0 +1,266 @@
+"""Thresholds and routing: named rules over a decision's answers, e.g. `escalate: churn_risk.noul > 0.7`.
+
+Rules come from an operator's file, so they are parsed by the small recursive-descent parser below and
+evaluated over a fixed AST — never `eval` — and every rule is parsed and checked when the server starts,
+with an error naming the rule, so a typo stops the deploy instead of a request.
+
+Grammar (lowest precedence first):
+
+    expr   := and ('or' and)*
+    and    := not ('and' not)*
+    not    := 'not' not | cmp
+    cmp    := atom (('<' | '<=' | '>' | '>=' | '==' | '!=') atom)?
+    atom   := NUMBER | '-' NUMBER | STRING | 'true' | 'false' | 'null' | PATH | '(' expr ')'
+    PATH   := question '.' field ('.' key)?
+
+A value that is missing (the rule's question was not asked, or its answer has no such field) is `null`,
+and `null` propagates through comparisons and `not`; `and`/`or` return a definite result when one side
+decides it. So a rule over questions a request did not ask answers `null`, never a made-up `false`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ANSWER_FIELDS = {"choice", "score", "noul", "confidence", "answer_confidence", "low_confidence", "abstention"}
+KEYED_FIELDS = {"probabilities", "legend", "action"}
+_COMPARISONS = ("<=", ">=", "==", "!=", "<", ">")
+_KEYWORDS = {"and", "or", "not", "true", "false", "null"}
+_TOKEN = re.compile(r"""\s*(?:
+    (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<string>'[^']*'|"[^"]*")
+  | (?P<op><=|>=|==|!=|<|>|\(|\)|-)
+  | (?P<name>[A-Za-z_][\w-]*(?:\.[\w-]+)*)
+)""", re.VERBOSE)
+
+
+class PolicyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Any
+
+    def evaluate(self, answers: dict) -> Any:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Lookup:
+    parts: tuple[str, ...]
+
+    def evaluate(self, answers: dict) -> Any:
+        value: Any = answers
+        for part in self.parts:
+            if not isinstance(value, dict) or part not in value:
+                return None
+            value = value[part]
+        return value
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Any
+
+    def evaluate(self, answers: dict) -> Any:
+        value = self.operand.evaluate(answers)
+        return None if value is None else not value
+
+
+@dataclass(frozen=True)
+class Logic:
+    op: str  # "and" | "or"
+    left: Any
+    right: Any
+
+    def evaluate(self, answers: dict) -> Any:
+        left = self.left.evaluate(answers)
+        decided = (self.op == "and" and left is not None and not left) or (self.op == "or" and bool(left))
+        if decided:
+            return bool(left)
+        right = self.right.evaluate(answers)
+        if self.op == "and" and right is not None and not right:
+            return False
+        if self.op == "or" and right:
+            return True
+        return None if left is None or right is None else bool(right)
+
+
+@dataclass(frozen=True)
+class Compare:
+    op: str
+    left: Any
+    right: Any
+
+    def evaluate(self, answers: dict) -> Any:
+        a, b = self.left.evaluate(answers), self.right.evaluate(answers)
+        if a is None or b is None:
+            return None
+        if self.op == "==":
+            return a == b
+        if self.op == "!=":
+            return a != b
+        numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+        if not (numeric or (isinstance(a, str) and isinstance(b, str))):
+            return None  # ordering a label against a number has no meaning
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[self.op]
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.tokens = _tokenize(text)
+        self.pos = 0
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> tuple[str, str]:
+        token = self.peek()
+        if token is None:
+            raise PolicyError("unexpected end of rule")
+        self.pos += 1
+        return token
+
+    def accept(self, kind: str, text: str) -> bool:
+        if self.peek() == (kind, text):
+            self.pos += 1
+            return True
+        return False
+
+    def parse(self):
+        node = self.expr()
+        if self.peek() is not None:
+            raise PolicyError(f"unexpected {self.peek()[1]!r}")
+        return node
+
+    def expr(self):
+        node = self.conjunction()
+        while self.accept("name", "or"):
+            node = Logic("or", node, self.conjunction())
+        return node
+
+    def conjunction(self):
+        node = self.negation()
+        while self.accept("name", "and"):
+            node = Logic("and", node, self.negation())
+        return node
+
+    def negation(self):
+        if self.accept("name", "not"):
+            return Not(self.negation())
+        return self.comparison()
+
+    def comparison(self):
+        node = self.atom()
+        token = self.peek()
+        if token and token[0] == "op" and token[1] in _COMPARISONS:
+            self.pos += 1
+            node = Compare(token[1], node, self.atom())
+        return node
+
+    def atom(self):
+        kind, text = self.take()
+        if kind == "number":
+            return Const(float(text) if any(c in text for c in ".eE") else int(text))
+        if kind == "string":
+            return Const(text[1:-1])
+        if (kind, text) == ("op", "-"):
+            kind, text = self.take()
+            if kind != "number":
+                raise PolicyError(f"expected a number after '-', got {text!r}")
+            return Const(-(float(text) if any(c in text for c in ".eE") else int(text)))
+        if (kind, text) == ("op", "("):
+            node = self.expr()
+            if not self.accept("op", ")"):
+                raise PolicyError("missing ')'")
+            return node
+        if kind == "name":
+            if text in ("true", "false", "null"):
+                return Const({"true": True, "false": False, "null": None}[text])
+            if text in _KEYWORDS:
+                raise PolicyError(f"unexpected {text!r}")
+            return _path(text)
+        raise PolicyError(f"unexpected {text!r}")
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    tokens, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if not match or match.end() == pos:
+            raise PolicyError(f"cannot read {text[pos:].strip()[:20]!r} at character {pos}")
+        kind = match.lastgroup
+        tokens.append((kind, match.group(kind)))
+        pos = match.end()
+    return tokens
+
+
+def _path(text: str) -> Lookup:
+    parts = tuple(text.split("."))
+    if len(parts) < 2:
+        raise PolicyError(f"{text!r} is not a question.field path")
+    field = parts[1]
+    if field in ANSWER_FIELDS and len(parts) == 2:
+        return Lookup(parts)
+    if field in KEYED_FIELDS and len(parts) == 3:
+        return Lookup(parts)
+    if field in KEYED_FIELDS:
+        raise PolicyError(f"{text!r}: {field} takes one key, e.g. {parts[0]}.{field}.<label>")
+    known = ", ".join(sorted(ANSWER_FIELDS | KEYED_FIELDS))
+    raise PolicyError(f"{text!r}: unknown answer field {field!r}; use one of {known}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    text: str
+    node: Any
+
+
+class Policy:
+    """Ordered named rules; `evaluate(answers)` gives `{rule: value}` for a decision's `answers`."""
+
+    def __init__(self, rules: dict[str, str]):
+        self.rules: list[Rule] = []
+        for name, text in rules.items():
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][\w-]*", name):
+                raise PolicyError(f"rule name {name!r} must be an identifier")
+            if not isinstance(text, str) or not text.strip():
+                raise PolicyError(f"rule {name!r}: the expression must be a non-empty string")
+            try:
+                node = _Parser(text).parse()
+            except PolicyError as exc:
+                raise PolicyError(f"rule {name!r}: {exc} in {text!r}") from None
+            self.rules.append(Rule(name, text, node))
+
+    def evaluate(self, answers: dict) -> dict[str, Any]:
+        return {rule.name: rule.node.evaluate(answers) for rule in self.rules}
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        data = read_mapping(path, "policy")
+        rules = data.get("rules", data) if isinstance(data.get("rules"), dict) else data
+        return cls(rules)
+
+
+def read_mapping(path: str | Path, what: str) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise PolicyError(f"{what} file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise PolicyError(f"{what} file {path} must hold a mapping of names, got {type(data).__name__}")
+    return data
