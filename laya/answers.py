@@ -1,0 +1,113 @@
+"""Per-question probabilities -> the official answer JSON.
+
+The numerics follow the official runtime step for step (float32 logits divided by T in numpy,
+max-shifted exp, normalise, round to 4 decimals), so answers agree to the last printed digit
+rather than "approximately".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from laya.questions import Question
+from laya.sequence import Row
+
+MODEL_NAME = "laya-rl-agent"
+BUCKET_SIZES = ("2", "3-5", "6-10", "11+")
+GATE_KEYS = {"%s:%s" % (t, s) for t in ("choice", "score", "noul") for s in BUCKET_SIZES} | {"default"}
+
+
+def probabilities(logits: np.ndarray, temperature: float, option_order: tuple[int, ...] | None) -> np.ndarray:
+    """Calibrated option probabilities in option-index order (the row comes in slot order)."""
+    z = logits / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if option_order is not None:
+        canonical = np.empty_like(p)
+        canonical[np.asarray(option_order, dtype=int)] = p
+        p = canonical
+    return p
+
+
+def _entropy_confidence(p: np.ndarray) -> float:
+    k = len(p)
+    if k < 2:
+        return 1.0
+    entropy = -float((p * np.log(np.clip(p, 1e-12, 1.0))).sum())
+    return min(1.0, max(0.0, 1.0 - entropy / math.log(k)))
+
+
+def answer(q: Question, p: np.ndarray, act_probability: float) -> dict[str, Any]:
+    top = min(1.0, max(0.0, float(p.max())))
+    common = {"answer_confidence": round(top, 4), "action": {"act_probability": round(float(act_probability), 4)}}
+    if q.type == "choice":
+        return {"type": "choice", "choice": q.keys[int(p.argmax())],
+                "probabilities": {k: round(float(v), 4) for k, v in zip(q.keys, p)},
+                "confidence": round(_entropy_confidence(p), 4), **common}
+    if q.type == "score":
+        return {"type": "score", "score": round(float((np.arange(len(p)) * p).sum()), 4),
+                "legend": {str(i): text for i, text in enumerate(q.legend)},
+                "probabilities": {str(i): round(float(v), 4) for i, v in enumerate(p)},
+                "confidence": round(_entropy_confidence(p), 4), **common}
+    p_true = float(p[1])
+    return {"type": "noul", "noul": round(p_true, 4), "confidence": round(max(p_true, 1.0 - p_true), 4), **common}
+
+
+def usage(rows: list[Row]) -> dict[str, Any]:
+    if not rows:
+        return {"input_tokens": 0, "output_tokens": 0}
+    dropped = max(r.state_tokens_dropped for r in rows)
+    out = {
+        "input_tokens": sum(r.n_tokens for r in rows),
+        "output_tokens": 0,
+        "state_tokens": rows[0].state_tokens,
+        "state_tokens_dropped": dropped,     # worst case over questions: each has its own head
+        "truncated": dropped > 0,
+        "truncated_questions": [r.question for r in rows if r.state_tokens_dropped > 0],
+    }
+    collapsed = {r.question: {"total": r.n_options, "distinct": r.options_distinct,
+                              "tokens_per_option": r.tokens_per_option}
+                 for r in rows if r.options_distinct < r.n_options}
+    if collapsed:
+        out["options"] = collapsed
+    return out
+
+
+def check_min_confidence(value: Any) -> float | dict[str, float] | None:
+    """None, a threshold in [0, 1], or a per-bucket map like {"choice:3-5": 0.6, "default": 0.5}."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise ValueError("min_confidence: a per-bucket map must not be empty")
+        for key in value:
+            if key not in GATE_KEYS:
+                raise ValueError("min_confidence: unknown bucket %r; use e.g. 'choice:3-5' or 'default'" % (key,))
+        return {k: _threshold(v) for k, v in value.items()}
+    return _threshold(value)
+
+
+def _threshold(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0.0 <= v <= 1.0:
+        raise ValueError("min_confidence: must be a number in [0, 1], got %r" % (v,))
+    return float(v)
+
+
+def gate(answers: dict[str, dict[str, Any]], min_confidence: float | dict[str, float]) -> None:
+    """Mark each answer passed/abstained on `answer_confidence` (only called when a gate was asked for)."""
+    for a in answers.values():
+        if isinstance(min_confidence, dict):
+            k = len(a.get("probabilities") or {}) or 2
+            size = "2" if k <= 2 else "3-5" if k <= 5 else "6-10" if k <= 10 else "11+"
+            threshold = min_confidence.get("%s:%s" % (a["type"], size), min_confidence.get("default", 0.0))
+        else:
+            threshold = min_confidence
+        if a["answer_confidence"] < threshold:
+            a["low_confidence"] = True
+            a["abstention"] = "abstained"
+        else:
+            a["abstention"] = "passed"
+        a["abstention_threshold"] = float(threshold)

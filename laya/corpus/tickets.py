@@ -1,0 +1,248 @@
+"""Synthetic customer-support tickets with gold department, urgency, churn threat and sentiment.
+
+No public support-ticket corpus installs offline under a clear licence, so we compose tickets from
+hand-written fragments. The labels are drawn first and the text is written to them, so every
+label is true by construction; the variety (register, length, order of the parts, slots, typos,
+no cue at all for some labels) is there so a model must read the ticket rather than match a
+template. Department, urgency, churn and sentiment are drawn independently, so no label leaks
+another. `generate` is the public entry point (distillation reuses it for its students).
+"""
+
+from __future__ import annotations
+
+import random
+
+DEPARTMENTS = ("billing", "technical", "shipping", "account", "other")
+# Departments that training never sees; the held-out test measures answers over unseen options.
+HELDOUT_DEPARTMENTS = ("security", "sales")
+URGENCY_LEVELS = ("not urgent", "soon", "blocking")
+SENTIMENTS = ("negative", "neutral", "positive")
+
+_PRODUCTS = ("Pro plan", "Team plan", "Starter plan", "Business subscription", "premium account",
+             "family plan", "annual license", "cloud storage add-on", "analytics package")
+_DEVICES = ("iPhone", "Android phone", "Windows laptop", "MacBook", "Chromebook", "iPad", "Linux desktop")
+_ITEMS = ("headphones", "desk lamp", "blender", "running shoes", "phone case", "monitor", "coffee grinder",
+          "backpack", "keyboard", "winter jacket", "printer", "router")
+_CARRIERS = ("UPS", "FedEx", "DHL", "the postal service", "your courier")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+           "October", "November", "December")
+_FEATURES = ("the export button", "the dashboard", "two-factor login", "the search page", "file sync",
+             "the mobile app", "the API", "notifications", "the checkout page", "the calendar view")
+_ERRORS = ("error 500", "a blank white screen", "'something went wrong'", "a timeout", "error code E42",
+           "an endless spinner", "'access denied'", "a crash on startup")
+
+_PROBLEMS: dict[str, tuple[str, ...]] = {
+    "billing": (
+        "We were billed twice for {month}.",
+        "I was charged {amount} but my plan should only cost {amount2}.",
+        "My card was charged after I already cancelled the {product}.",
+        "The invoice for {month} shows the wrong VAT number.",
+        "I need a refund for the duplicate payment on my {product}.",
+        "Why did my subscription price go up from {amount2} to {amount} without notice?",
+        "The payment failed but the money still left my bank account.",
+        "Can you send me a corrected invoice for {month}? The company name is wrong.",
+        "I was promised a discount on the {product} and it never showed up on the bill.",
+        "There is a charge of {amount} on my statement that I do not recognise.",
+        "How do I change the credit card used for my {product}?",
+        "I would like a copy of all receipts from this year for our accountant.",
+    ),
+    "technical": (
+        "The app crashes every time I open {feature} on my {device}.",
+        "I keep getting {error} when I try to log in.",
+        "{feature} has stopped working since the last update.",
+        "Our whole team sees {error} when saving documents.",
+        "Sync between my {device} and the web app is broken, files are missing.",
+        "The page loads forever and then shows {error}.",
+        "{feature} returns {error} for every request since this morning.",
+        "After updating my {device}, the app will not start at all.",
+        "Uploads fail halfway through with {error}.",
+        "The integration with our CRM stopped pushing data yesterday.",
+        "Is there a way to make {feature} faster? It takes a minute to load.",
+        "Dark mode looks broken on my {device}, text is unreadable.",
+    ),
+    "shipping": (
+        "My order {order} still has not arrived after two weeks.",
+        "The tracking for order {order} has not updated in five days.",
+        "{carrier} says the package was delivered, but there is nothing at my door.",
+        "I received the wrong item: I ordered a {item} and got something else.",
+        "The {item} arrived damaged, the box was crushed.",
+        "Can I change the delivery address for order {order}?",
+        "Only half of my order arrived; the {item} is missing.",
+        "When will the {item} be back in stock and shipped?",
+        "The package with my {item} was returned to sender by {carrier}.",
+        "Do you ship to Canada, and how long does it take?",
+        "I need to return the {item}, how do I get a shipping label?",
+    ),
+    "account": (
+        "I cannot reset my password, the reset email never arrives.",
+        "Please change the email address on my account to my new one.",
+        "How do I delete my account and all my data?",
+        "I got locked out after too many login attempts.",
+        "I want to add two colleagues to our {product}.",
+        "My username is showing the wrong name, can you fix my profile?",
+        "Please merge my two accounts, I signed up twice by mistake.",
+        "How can I transfer ownership of the workspace to my coworker?",
+        "I would like to downgrade from the {product} to the free tier.",
+        "I cannot verify my phone number, the code never comes.",
+        "Can I change the language of my account settings?",
+    ),
+    "other": (
+        "I just wanted to say your team did a great job on the new design.",
+        "Do you have any job openings for designers?",
+        "I'm a journalist writing about your company, who can I talk to?",
+        "Would you be interested in a partnership with our podcast?",
+        "It would be nice if you offered a student discount someday.",
+        "Where is your head office located?",
+        "Are you attending the trade fair in Berlin this year?",
+        "I have a suggestion: please add a recipe section to the blog.",
+        "Is your company carbon neutral?",
+        "Can I get a copy of your brand guidelines for a school project?",
+    ),
+    "security": (
+        "I got an email asking for my password that claims to be from you, is it phishing?",
+        "Someone logged into my account from another country last night.",
+        "I think my account was hacked, there are purchases I never made.",
+        "Do you have a bug bounty? I found a way to see other users' files.",
+        "My two-factor codes are being requested although I did not try to log in.",
+        "Is customer data encrypted at rest? Our auditor needs to know.",
+    ),
+    "sales": (
+        "We are a team of 200 and would like a quote for the {product}.",
+        "Can we get a demo of the enterprise features before buying?",
+        "Do you offer volume pricing for schools?",
+        "I'd like to talk to someone about upgrading our whole company.",
+        "What does the {product} include compared to the enterprise tier?",
+        "Is there a reseller program for agencies?",
+    ),
+}
+
+_URGENCY_CUES: tuple[tuple[str, ...], ...] = (
+    ("No rush on this.", "Whenever you get a chance.", "Just curious, no hurry.", "It's not urgent.",
+     "Take your time.", "This can wait until next week.", "Low priority, just letting you know."),
+    ("Could you look into it this week?", "I'd appreciate a reply soon.", "Please get back to me in the next few days.",
+     "It would be good to sort this out soon.", "A quick answer would help.", "Please handle it when you can this week."),
+    ("This is urgent!", "Please fix this today.", "We are completely blocked.", "ASAP please, nothing works.",
+     "Our business is losing money every hour this continues.", "I need this resolved right now.",
+     "Production is down for all our users.", "We have a deadline in two hours and cannot work."),
+)
+
+_CHURN_CUES = (
+    "or we will cancel our plan.", "If this is not fixed we are switching to a competitor.",
+    "I'm seriously thinking about cancelling my subscription.", "Otherwise I will close my account.",
+    "One more problem like this and we are leaving.", "I want to cancel if this cannot be solved.",
+    "We are evaluating other providers because of this.", "Please cancel my membership if you can't help.",
+    "I will not renew next month unless this is fixed.", "Honestly I'm done with this service.",
+)
+
+_SENTIMENT_CUES: tuple[tuple[str, ...], ...] = (
+    ("This is really frustrating.", "I'm very disappointed.", "Terrible experience so far.",
+     "I am angry about how this was handled.", "This is unacceptable.", "Really annoyed right now."),
+    ("", "", "Thanks.", "Regards.", "Let me know."),
+    ("I love the product otherwise!", "You have been great so far, thank you.", "Thanks a lot, you're awesome.",
+     "Really happy with the service in general.", "Keep up the good work!", "Much appreciated, great team."),
+)
+
+_GREETINGS = {
+    "formal": ("Dear support team,", "Hello,", "Good morning,", "To whom it may concern,"),
+    "casual": ("Hi,", "Hey there,", "Hi team!", "Hello folks,", "yo,"),
+    "terse": ("",),
+}
+_SIGNOFFS = {
+    "formal": ("Kind regards, {name}", "Best regards, {name}", "Sincerely, {name}"),
+    "casual": ("Cheers, {name}", "thx", "- {name}", "Thanks!"),
+    "terse": ("",),
+}
+_NAMES = ("Anna", "Ben", "Carla", "Dmitri", "Elif", "Farah", "Gustavo", "Hiro", "Ines", "Jamal", "Kofi",
+          "Lena", "Marta", "Nikhil", "Olga", "Pedro", "Quinn", "Rosa", "Sven", "Tariq")
+
+# Churn threats a model must not confuse with a real threat: the user mentions cancelling without threatening.
+_CHURN_DECOYS = (
+    "I'm not planning to cancel, I just want this fixed.",
+    "We're happy to stay, just need help.",
+    "I renewed for another year yesterday.",
+)
+
+
+def _typos(text: str, rng: random.Random, rate: float) -> str:
+    """Swap, drop or double letters in a few words, the way hurried customers type."""
+    words = text.split(" ")
+    for i, w in enumerate(words):
+        if len(w) > 3 and w.isalpha() and rng.random() < rate:
+            j = rng.randrange(1, len(w) - 1)
+            op = rng.randrange(3)
+            if op == 0:
+                w = w[:j] + w[j + 1] + w[j] + w[j + 2:]
+            elif op == 1:
+                w = w[:j] + w[j + 1:]
+            else:
+                w = w[:j] + w[j] + w[j:]
+            words[i] = w
+    return " ".join(words)
+
+
+def _fill(template: str, rng: random.Random) -> str:
+    amount = rng.randrange(9, 400)
+    return template.format(
+        month=rng.choice(_MONTHS), amount=f"${amount}.{rng.randrange(100):02d}",
+        amount2=f"${max(5, amount - rng.randrange(3, 60))}.00", product=rng.choice(_PRODUCTS),
+        device=rng.choice(_DEVICES), item=rng.choice(_ITEMS), carrier=rng.choice(_CARRIERS),
+        order=f"#{rng.randrange(10000, 999999)}", feature=rng.choice(_FEATURES), error=rng.choice(_ERRORS))
+
+
+def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> dict:
+    """One ticket: text plus its gold labels, drawn from `rng`."""
+    department = rng.choice(departments)
+    urgency = rng.choices((0, 1, 2), weights=(0.35, 0.35, 0.30))[0]
+    churn = rng.random() < 0.3
+    sentiment = rng.choices((0, 1, 2), weights=(0.45, 0.35, 0.20) if churn else (0.3, 0.45, 0.25))[0]
+    register = rng.choice(("formal", "casual", "casual", "terse"))
+
+    problem = [_fill(rng.choice(_PROBLEMS[department]), rng)]
+    if rng.random() < 0.35:  # a second sentence about the same problem makes longer tickets
+        problem.append(_fill(rng.choice(_PROBLEMS[department]), rng))
+        if problem[1] == problem[0]:
+            problem.pop()
+    parts = list(problem)
+    # Not every ticket states its urgency: "not urgent" often goes unsaid, and readers infer it.
+    if urgency > 0 or rng.random() < 0.6:
+        parts.insert(rng.randrange(1, len(parts) + 1), rng.choice(_URGENCY_CUES[urgency]))
+    if churn:
+        cue = rng.choice(_CHURN_CUES)
+        if cue.startswith("or "):  # "... today or we will cancel": glue it to the previous sentence
+            parts[-1] = parts[-1].rstrip(".!") + " " + cue
+        else:
+            parts.append(cue)
+    elif rng.random() < 0.08:
+        parts.append(rng.choice(_CHURN_DECOYS))
+    cue = rng.choice(_SENTIMENT_CUES[sentiment])
+    if cue:
+        parts.insert(rng.randrange(0, len(parts) + 1), cue)
+
+    greeting = rng.choice(_GREETINGS[register])
+    signoff = rng.choice(_SIGNOFFS[register]).format(name=rng.choice(_NAMES))
+    body = " ".join(parts)
+    if register == "terse":
+        body = body.replace("Please ", "pls ").replace("please ", "pls ")
+    if register != "formal" and rng.random() < 0.3:
+        body = body.lower()
+    body = _typos(body, rng, rate=rng.choice((0.0, 0.0, 0.03, 0.08)))
+    text = "\n".join(p for p in (greeting, body, signoff) if p) if rng.random() < 0.5 else \
+        " ".join(p for p in (greeting, body, signoff) if p)
+    return {"text": text, "department": department, "urgency": urgency, "churn": churn,
+            "sentiment": SENTIMENTS[sentiment], "register": register}
+
+
+def generate(n: int, seed: int, departments: tuple[str, ...] = DEPARTMENTS) -> list[dict]:
+    """`n` tickets, identical for the same (`n`, `seed`, `departments`).
+
+    Each is `{"text", "department", "urgency" (0..2, index into URGENCY_LEVELS), "churn" (bool),
+    "sentiment" (one of SENTIMENTS), "register"}`. Pass `HELDOUT_DEPARTMENTS` (or a mix) to get
+    tickets from departments the default training never sees.
+    """
+    if n < 0:
+        raise ValueError(f"tickets.generate: n must be >= 0, got {n!r}")
+    unknown = set(departments) - set(_PROBLEMS)
+    if unknown or not departments:
+        raise ValueError(f"tickets.generate: departments must be a non-empty subset of {sorted(_PROBLEMS)}, got {departments!r}")
+    rng = random.Random(seed)
+    return [ticket(rng, tuple(departments)) for _ in range(n)]

@@ -1,0 +1,113 @@
+"""The Laya decision model: a bidirectional encoder plus a typed head that scores one [MASK] per option.
+
+Parameter names match the released checkpoints (`encoder.*`, `head.layers.{i}.*`, `type_emb`,
+`scorer.{0,1,3}`, `act_head.{0,2}`, buffer `temperature`), so `load_state_dict` takes them as-is.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from laya.config import LayaConfig
+
+UNUSED_SLOT_LOGIT = -1e4
+ACT_HIDDEN = 256
+MAX_OPTIONS_FEATURE = 255.0
+
+
+class LayaHead(nn.Module):
+    """Post-encoder transformer layers; a plain container so weights are named `head.layers.{i}`."""
+
+    def __init__(self, d: int, n_layers: int, dropout: float):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, dropout, activation="relu",
+                                       batch_first=True, norm_first=True)
+            for _ in range(n_layers))
+
+    def forward(self, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            h = layer(h, src_key_padding_mask=pad)
+        return h
+
+
+class LayaModel(nn.Module):
+    def __init__(self, encoder: nn.Module, head_layers: int = 2, n_act: int = 2, dropout: float = 0.1):
+        super().__init__()
+        self.encoder = encoder
+        d = encoder.config.hidden_size
+        self.head = LayaHead(d, head_layers, dropout) if head_layers > 0 else None
+        self.type_emb = nn.Embedding(3, d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.act_head = nn.Sequential(nn.Linear(d + 4, ACT_HIDDEN), nn.GELU(), nn.Linear(ACT_HIDDEN, n_act))
+        # Shipped for provenance; inference reads temperatures from rl_agent_config.json (see laya.temperature).
+        self.register_buffer("temperature", torch.ones(3))
+
+    @classmethod
+    def from_encoder_config(cls, encoder_config, config: LayaConfig, init: bool = True) -> LayaModel:
+        """Model with a randomly initialised encoder of `encoder_config` (init=False: weights to be loaded)."""
+        from transformers import AutoModel
+
+        if hasattr(encoder_config, "reference_compile"):
+            encoder_config.reference_compile = False
+        with nullcontext() if init else _no_init_weights():
+            encoder = AutoModel.from_config(encoder_config, attn_implementation="sdpa")
+            return cls(encoder, config.head_layers, config.n_act)
+
+    @classmethod
+    def from_pretrained_encoder(cls, encoder_dir: str, config: LayaConfig) -> LayaModel:
+        """Pretrained encoder weights from a transformers folder, freshly initialised head (for training)."""
+        from transformers import AutoModel
+
+        encoder = AutoModel.from_pretrained(encoder_dir, attn_implementation="sdpa")
+        if hasattr(encoder.config, "reference_compile"):
+            encoder.config.reference_compile = False
+        return cls(encoder, config.head_layers, config.n_act)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, marker_pos: torch.Tensor,
+                marker_mask: torch.Tensor, qtype: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, K] with -1e4 at unused slots, act_logits [B, n_act]); differentiable."""
+        return self.score(self.hidden(input_ids, attention_mask, qtype), marker_pos, marker_mask)
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, qtype: torch.Tensor) -> torch.Tensor:
+        """Head output at every position [B, L, d]: encoder + type embedding + head layers."""
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h = h + self.type_emb(qtype)[:, None, :]
+        if self.head is not None:
+            h = self.head(h, ~attention_mask.bool())
+        return h
+
+    def score(self, h: torch.Tensor, marker_pos: torch.Tensor,
+              marker_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Option logits at the marker positions and the act head's logits.
+
+        Kept apart from `hidden` because these matmuls are small (M = B*K rows): a BLAS picks
+        different kernels for different M, so inference scores each row on its own to keep a
+        row's result independent of what shares its batch.
+        """
+        idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
+        logits = self.scorer(torch.gather(h, 1, idx)).squeeze(-1).float()
+        logits = logits.masked_fill(~marker_mask, UNUSED_SLOT_LOGIT)
+        return logits, self.act_head(torch.cat([h[:, 0].float(), act_features(logits, marker_mask)], -1))
+
+def act_features(logits: torch.Tensor, marker_mask: torch.Tensor) -> torch.Tensor:
+    """[top1, top1 - top2, entropy / ln k, k / 255] of the untempered option distribution (no gradient)."""
+    p = torch.softmax(logits.detach(), -1)
+    k = marker_mask.sum(-1).clamp(min=2).float()
+    entropy = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
+    if p.size(-1) >= 2:
+        top = p.topk(2, -1).values
+    else:  # one slot: softmax is exactly 1, so the gap to a missing second option is 1
+        top = torch.cat([p, torch.zeros_like(p)], -1)
+    return torch.stack([top[:, 0], top[:, 0] - top[:, 1], entropy, k / MAX_OPTIONS_FEATURE], -1)
+
+
+def _no_init_weights():
+    """Skip parameter init when every weight is about to be overwritten by a checkpoint."""
+    from transformers.initialization import no_init_weights
+
+    return no_init_weights()
+

@@ -1,0 +1,189 @@
+"""The official question format, validated once and rendered to option texts.
+
+Validation lives here, ahead of tokenisation, so every malformed question fails with a
+`ValueError` that names the question and the field instead of surfacing three frames down as a
+`KeyError` or a wrong-shaped tensor. It is deliberately stricter than the official runtime where
+the official runtime answers something meaningless (a one-level score, duplicate levels, more
+options than the act head's k/255 feature can represent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+QTYPES = {"choice": 0, "score": 1, "noul": 2}
+MAX_OPTIONS = 255
+NOUL_DEFAULT_TEXT = {"false": "no, the statement does not hold", "true": "yes, the statement holds"}
+
+
+@dataclass(frozen=True)
+class Question:
+    name: str
+    type: str
+    instructions: str          # rendered text (non-strings are JSON, as the official runtime does)
+    keys: tuple[Any, ...]      # answer keys in option-index order (choice labels, score levels, false/true)
+    options: tuple[str, ...]   # rendered option texts in option-index order
+    legend: tuple[str, ...]    # score level texts (empty for other types)
+    option_order: tuple[int, ...] | None = None
+
+    @property
+    def qtype(self) -> int:
+        return QTYPES[self.type]
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """Which option sits in each [MASK] slot."""
+        return self.option_order if self.option_order is not None else tuple(range(len(self.options)))
+
+
+def render_criterion(value: Any) -> str:
+    """Structured criteria read as single-line JSON (what the released models were trained on)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+
+
+def _fail(name: Any, field: str, msg: str) -> ValueError:
+    return ValueError("question %r: field %r: %s" % (name, field, msg))
+
+
+def parse_questions(questions: Any, option_order: dict[str, Any] | None = None) -> list[Question]:
+    """Validate a `{name: definition}` mapping; `option_order` overrides per-question orders."""
+    if not isinstance(questions, dict):
+        raise ValueError("questions: expected a dict of name -> definition, got %s" % type(questions).__name__)
+    if option_order is not None:
+        if not isinstance(option_order, dict):
+            raise ValueError("option_order: expected a dict of question name -> permutation, got %s"
+                             % type(option_order).__name__)
+        unknown = [k for k in option_order if k not in questions]
+        if unknown:
+            raise ValueError("option_order: names no question %r" % (unknown[0],))
+    out = []
+    for name, qdef in questions.items():
+        if option_order is not None and name in option_order:
+            if not isinstance(qdef, dict):
+                raise _fail(name, "type", "definition must be a dict, got %s" % type(qdef).__name__)
+            qdef = {**qdef, "option_order": option_order[name]}
+        out.append(parse_question(name, qdef))
+    return out
+
+
+def parse_question(name: Any, qdef: Any) -> Question:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("question name must be a non-empty string, got %r" % (name,))
+    if not isinstance(qdef, dict):
+        raise ValueError("question %r: definition must be a dict, got %s" % (name, type(qdef).__name__))
+    unknown = set(qdef) - {"type", "instructions", "criteria", "labels", "option_order"}
+    if unknown:
+        raise _fail(name, sorted(unknown)[0], "unknown field")
+    qtype = qdef.get("type")
+    if not isinstance(qtype, str) or qtype not in QTYPES:
+        raise _fail(name, "type", "unknown type %r; use one of %s" % (qtype, sorted(QTYPES)))
+    instructions = _instructions(name, qdef)
+    crit = qdef.get("criteria")
+    if "labels" in qdef and qtype != "noul":
+        raise _fail(name, "labels", "only noul questions take labels")
+    legend: tuple[str, ...] = ()
+    if qtype == "choice":
+        keys, options = _choice(name, crit)
+    elif qtype == "score":
+        keys, options, legend = _score(name, crit)
+    else:
+        keys, options = _noul(name, crit, qdef.get("labels"))
+    if len(options) > MAX_OPTIONS:
+        raise _fail(name, "criteria", "%d options; at most %d are supported" % (len(options), MAX_OPTIONS))
+    order = None
+    if "option_order" in qdef:
+        order = _order(name, qdef["option_order"], len(options))
+    return Question(name, qtype, instructions, tuple(keys), tuple(options), legend, order)
+
+
+def _instructions(name: str, qdef: dict) -> str:
+    if "instructions" not in qdef or qdef["instructions"] is None:
+        raise _fail(name, "instructions", "missing; give the text the model should answer")
+    ins = qdef["instructions"]
+    if isinstance(ins, bool) or not isinstance(ins, (str, dict, list, int, float)):
+        raise _fail(name, "instructions", "must be a string, got %s" % type(ins).__name__)
+    if isinstance(ins, str):
+        if not ins.strip():
+            raise _fail(name, "instructions", "must not be empty")
+        return ins
+    if isinstance(ins, (dict, list)) and not ins:
+        raise _fail(name, "instructions", "must not be empty")
+    return json.dumps(ins, ensure_ascii=False)
+
+
+def _choice(name: str, crit: Any) -> tuple[list, list[str]]:
+    if isinstance(crit, list):
+        seen: dict = {}
+        for i, label in enumerate(crit):
+            _check_label(name, i, label)
+            if label in seen:
+                raise _fail(name, "criteria", "label %d (%r) duplicates label %d" % (i, label, seen[label]))
+            seen[label] = i
+        crit = {label: None for label in crit}
+    if not isinstance(crit, dict):
+        raise _fail(name, "criteria", "a choice takes a dict of label -> description or a list of labels")
+    if not crit:
+        raise _fail(name, "criteria", "must not be empty")
+    for i, label in enumerate(crit):
+        _check_label(name, i, label)
+    options = [str(k) if v is None or v == "" else "%s: %s" % (k, render_criterion(v)) for k, v in crit.items()]
+    return list(crit), options
+
+
+def _check_label(name: str, i: int, label: Any) -> None:
+    if label is None or not isinstance(label, (str, int, float, bool)):
+        raise _fail(name, "criteria", "label %d must be a string or number, got %r" % (i, label))
+    if isinstance(label, str) and not label.strip():
+        raise _fail(name, "criteria", "label %d is empty" % i)
+
+
+def _score(name: str, crit: Any) -> tuple[list, list[str], tuple[str, ...]]:
+    if not isinstance(crit, list):
+        raise _fail(name, "criteria", "a score takes a list of level descriptions, level 0 first")
+    if len(crit) < 2:
+        raise _fail(name, "criteria", "a score needs at least 2 levels, got %d" % len(crit))
+    legend = []
+    for i, level in enumerate(crit):
+        if level is None or (isinstance(level, str) and not level.strip()):
+            raise _fail(name, "criteria", "level %d is empty" % i)
+        text = render_criterion(level)
+        if text in legend:
+            raise _fail(name, "criteria", "level %d duplicates level %d" % (i, legend.index(text)))
+        legend.append(text)
+    options = ["level %d: %s" % (i, text) for i, text in enumerate(legend)]
+    return list(range(len(crit))), options, tuple(legend)
+
+
+def _noul(name: str, crit: Any, labels: Any) -> tuple[list, list[str]]:
+    if crit is None:
+        crit = {}
+    if not isinstance(crit, dict):
+        raise _fail(name, "criteria", "a noul takes a dict with optional 'false'/'true' descriptions")
+    crit = {str(k).lower(): v for k, v in crit.items()}
+    if not set(crit) <= {"false", "true"}:
+        raise _fail(name, "criteria", "a noul's criteria are keyed only 'false'/'true', got %s" % sorted(crit))
+    if labels is None:
+        labels = {"false": "false", "true": "true"}
+    if (not isinstance(labels, dict) or set(labels) != {"false", "true"}
+            or not all(isinstance(v, str) and v.strip() for v in labels.values())
+            or labels["false"].strip() == labels["true"].strip()):
+        raise _fail(name, "labels", "must map exactly 'false' and 'true' to distinct non-empty strings")
+    options = []
+    for key in ("false", "true"):
+        text = crit.get(key)
+        text = NOUL_DEFAULT_TEXT[key] if text in (None, "") else render_criterion(text)
+        options.append("%s: %s" % (labels[key].strip(), text))
+    return ["false", "true"], options
+
+
+def _order(name: str, order: Any, n: int) -> tuple[int, ...]:
+    ok = (isinstance(order, (list, tuple)) and len(order) == n
+          and all(isinstance(i, int) and not isinstance(i, bool) for i in order)
+          and sorted(order) == list(range(n)))
+    if not ok:
+        raise _fail(name, "option_order", "must be a permutation of range(%d), got %r" % (n, order))
+    return tuple(order)

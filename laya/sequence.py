@@ -1,0 +1,134 @@
+"""Question + state -> one encoder row, and rows -> padded tensors.
+
+Row layout (the released models were trained on it, so it is fixed):
+`[CLS] tok("{type} question: {instructions}") [SEP] ([MASK] tok(" " + option))* [SEP] tok(state) [SEP]`.
+The head (everything before the state) is capped by `head_max_len`, the whole row by `max_len`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from laya.config import DEFAULT_HEAD_MAX_LEN, DEFAULT_MAX_LEN
+from laya.questions import Question
+from laya.tokenizer import LayaTokenizer
+
+OPTION_MAX_TOKENS = 48
+MIN_OPTION_ROOM = 16
+MIN_INSTRUCTION_TOKENS = 8
+MIN_TOKENS_PER_OPTION = 4
+
+
+@dataclass(frozen=True)
+class Budgets:
+    max_len: int = DEFAULT_MAX_LEN
+    head_max_len: int = DEFAULT_HEAD_MAX_LEN
+
+    def __post_init__(self):
+        for field in ("max_len", "head_max_len"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError("%s: must be a positive integer, got %r" % (field, value))
+
+
+@dataclass
+class Row:
+    """One question against one state: what the encoder sees plus what usage reports."""
+
+    question: str
+    input_ids: list[int]
+    markers: list[int]          # [MASK] position of each slot
+    qtype: int
+    option_labels: tuple        # answer keys in option-index order
+    n_options: int
+    options_distinct: int       # options that kept a token span of their own after the head cut
+    tokens_per_option: int | None
+    state_tokens: int
+    state_tokens_used: int
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def state_tokens_dropped(self) -> int:
+        return self.state_tokens - self.state_tokens_used
+
+
+def check_state(state: Any) -> None:
+    if not isinstance(state, (str, dict, list)):
+        raise ValueError("state: must be a string, a dict or a list of chat turns, got %s" % type(state).__name__)
+
+
+def serialize_state(state: str | dict | list) -> str:
+    check_state(state)
+    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+
+
+def encode_head(tok: LayaTokenizer, q: Question) -> tuple[list[int], list[list[int]]]:
+    """Budget-independent token ids of a question: instruction ids and one id list per slot."""
+    texts = ["%s question: %s" % (q.type, q.instructions)] + [" " + q.options[i] for i in q.slots]
+    ids = tok.encode(texts)
+    return ids[0], [o[:OPTION_MAX_TOKENS] for o in ids[1:]]
+
+
+def build_row(tok: LayaTokenizer, q: Question, head: tuple[list[int], list[list[int]]],
+              state_ids: list[int], budgets: Budgets, keep_end: bool) -> Row:
+    """Assemble a row from pre-tokenised parts; `keep_end` keeps the newest chat turns."""
+    ins_ids, opt_tokens = head
+    opts = [[tok.mask_token_id] + o for o in opt_tokens]
+    room = budgets.head_max_len - sum(len(o) for o in opts)
+    per_option = None
+    if room < MIN_OPTION_ROOM:
+        per_option = max(MIN_TOKENS_PER_OPTION, (budgets.head_max_len - MIN_OPTION_ROOM) // max(1, len(opts)))
+        opts = [o[:per_option] for o in opts]
+        room = budgets.head_max_len - sum(len(o) for o in opts)
+    ids = [tok.cls_token_id] + ins_ids[: max(MIN_INSTRUCTION_TOKENS, room)] + [tok.sep_token_id]
+    markers = []
+    for o in opts:
+        markers.append(len(ids))
+        ids.extend(o)
+    ids.append(tok.sep_token_id)
+    state_room = max(0, budgets.max_len - len(ids) - 1)
+    kept = state_ids[max(0, len(state_ids) - state_room):] if keep_end else state_ids[:state_room]
+    ids = (ids + kept + [tok.sep_token_id])[: budgets.max_len]
+    surviving = [m for m in markers if m < budgets.max_len]
+    if len(surviving) != len(markers):
+        raise ValueError(
+            "question %r: field 'max_len': only %d of its %d option markers fit in max_len=%d with "
+            "head_max_len=%d; raise max_len, lower head_max_len or use fewer options"
+            % (q.name, len(surviving), len(markers), budgets.max_len, budgets.head_max_len))
+    return Row(q.name, ids, markers, q.qtype, q.keys, len(opts), len({tuple(o) for o in opts}), per_option,
+               len(state_ids), len(kept))
+
+
+def build_rows(tok: LayaTokenizer, state: str | dict | list, questions: list[Question],
+               budgets: Budgets, heads: list | None = None) -> list[Row]:
+    """All rows of one state; the state is tokenised once and shared by every question."""
+    state_ids = tok.encode([serialize_state(state)])[0]
+    heads = heads if heads is not None else [encode_head(tok, q) for q in questions]
+    keep_end = isinstance(state, list)
+    return [build_row(tok, q, h, state_ids, budgets, keep_end) for q, h in zip(questions, heads)]
+
+
+def collate(rows: list[Row], pad_id: int, length: int | None = None) -> dict[str, Any]:
+    """Pad rows to `length` (default: the longest) into the tensors `LayaModel.forward` takes."""
+    import torch
+
+    n = len(rows)
+    length = max(r.n_tokens for r in rows) if length is None else length
+    k = max(len(r.markers) for r in rows)
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, length), dtype=torch.long)
+    marker_pos = torch.zeros((n, k), dtype=torch.long)
+    marker_mask = torch.zeros((n, k), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        input_ids[i, : r.n_tokens] = torch.tensor(r.input_ids, dtype=torch.long)
+        attention_mask[i, : r.n_tokens] = 1
+        marker_pos[i, : len(r.markers)] = torch.tensor(r.markers, dtype=torch.long)
+        marker_mask[i, : len(r.markers)] = True
+    qtype = torch.tensor([r.qtype for r in rows], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "marker_pos": marker_pos,
+            "marker_mask": marker_mask, "qtype": qtype}

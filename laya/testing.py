@@ -1,0 +1,117 @@
+"""Tiny random checkpoints in the official layout: the fixtures of everyone's tests.
+
+Everything is a function of the builder arguments: the BPE tokenizer is trained on a fixed corpus
+and every tensor is drawn from a `torch.Generator` seeded per tensor name, so the same arguments
+rebuild the same bytes (the golden fixtures rely on it). Weights are scaled so that option logits
+differ by whole units: with the usual 0.02 init every answer would be a uniform distribution and
+a golden comparison would prove nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import torch
+
+from laya.checkpoint import save_checkpoint
+from laya.config import LayaConfig
+from laya.modeling_laya import LayaModel
+from laya.tokenizer import LayaTokenizer
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CORPUS = [
+    "Hi, we were billed twice for March. Please refund the duplicate today or we will cancel our plan.",
+    "choice question: Which department should handle this? score question: How urgent is it?",
+    "noul question: Does the user threaten to cancel or leave? yes, the statement holds. no, the statement does not hold.",
+    "billing: invoices, payments, refunds. technical: bugs, outages, system errors. other: everything else.",
+    "level 0: not urgent. level 1: soon. level 2: blocking. true false label description criteria",
+    "The server is down again and our team cannot log in. Please fix the outage as soon as possible.",
+    "Thanks for the quick answer, everything works now. Have a nice weekend!",
+    "user: hello assistant: how can I help you today? user: my invoice is wrong, I was charged twice.",
+    "Der Kunde möchte sein Abonnement kündigen. Le client veut annuler. ¿Puedo cambiar mi plan?",
+    "{\"customer\": \"ACME\", \"plan\": \"pro\", \"tickets\": [1, 2, 3], \"sentiment\": \"angry\"}",
+    "red green blue yellow cat dog bird fish one two three four five six seven eight nine ten eleven twelve",
+    "sentiment positive negative neutral spam ham priority low medium high critical escalate ask answer",
+]
+
+
+def train_tokenizer(vocab_size: int = 512) -> LayaTokenizer:
+    """A byte-level BPE tokenizer (ModernBERT's family) trained on CORPUS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
+              "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]", "pad_token": "[PAD]",
+              "unk_token": "[UNK]"}
+    return LayaTokenizer.from_tokenizer(tok, config)
+
+
+def encoder_config(arch: str, vocab_size: int, hidden: int, layers: int, pad_id: int, cls_id: int,
+                   sep_id: int, local_attention: int = 32):
+    from transformers import BertConfig, ModernBertConfig
+
+    if arch == "modernbert":
+        return ModernBertConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
+                                num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
+                                local_attention=local_attention, global_attn_every_n_layers=2,
+                                max_position_embeddings=8192, pad_token_id=pad_id, bos_token_id=cls_id,
+                                eos_token_id=sep_id, cls_token_id=cls_id, sep_token_id=sep_id)
+    if arch == "bert":
+        return BertConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                          num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
+                          max_position_embeddings=1024, pad_token_id=pad_id)
+    raise ValueError("arch: expected 'modernbert' or 'bert', got %r" % (arch,))
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Overwrite every parameter with draws that depend only on (seed, name, shape)."""
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            digest = hashlib.sha256(("%d:%s" % (seed, name)).encode()).digest()
+            gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            if param.dim() >= 2:
+                scale = 1.0 if name.startswith(("type_emb", "encoder.embeddings")) else param.shape[-1] ** -0.5
+                if name.startswith("scorer.3"):  # spread option logits over several units
+                    scale *= 8.0
+                param.copy_(noise * scale)
+            elif name.endswith("weight"):        # norm gains
+                param.copy_(1.0 + 0.1 * noise)
+            else:                                # biases
+                param.copy_(0.1 * noise)
+
+
+def build_checkpoint(path: str | os.PathLike, arch: str = "modernbert", seed: int = 0, hidden: int = 64,
+                     layers: int = 2, head_layers: int = 1, vocab_size: int = 512, dtype: str = "f16",
+                     act_costs: dict[str, float] | None = None, temperature: list[Any] | None = None,
+                     temperature_by_options: dict[str, Any] | None = None, max_len: int | None = None,
+                     head_max_len: int | None = None, local_attention: int = 32) -> str:
+    """Write a random checkpoint to `path` (returned as str); same arguments, same files."""
+    path = str(path)
+    tok = train_tokenizer(vocab_size)
+    ecfg = encoder_config(arch, tok.tokenizer.get_vocab_size(), hidden, layers, tok.pad_token_id,
+                          tok.cls_token_id, tok.sep_token_id, local_attention)
+    extra = {}
+    if max_len is not None:
+        extra["max_len"] = max_len
+    if head_max_len is not None:
+        extra["head_max_len"] = head_max_len
+    config = LayaConfig(encoder="random-%s" % arch, head_layers=head_layers,
+                        act_costs={"ask": 0.1, "escalate": 0.3} if act_costs is None else act_costs,
+                        temperature=[1.3, 0.8, 2.0] if temperature is None else temperature,
+                        temperature_by_options=({"choice:3-5": 1.7, "score:3-5": 0.9}
+                                                if temperature_by_options is None else temperature_by_options),
+                        **extra)
+    model = LayaModel.from_encoder_config(ecfg, config)
+    randomize_(model, seed)
+    model.temperature.copy_(torch.tensor([float(t) if isinstance(t, (int, float)) else 1.0
+                                          for t in config.temperature]))
+    save_checkpoint(path, model, tok, config, torch.float16 if dtype == "f16" else torch.float32)
+    return path

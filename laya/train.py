@@ -1,0 +1,325 @@
+"""Fine-tune a Laya checkpoint, or a fresh head on a pretrained encoder, with a strictly proper loss.
+
+Choices that matter:
+- Rows are built by the same code inference uses (`laya.examples.encode` -> `laya.sequence`), with a
+  fresh random option order (and, for choices, option subset) every time a question is used.
+- `encoder_lr=0` freezes the encoder: no encoder gradients are computed at all, which is what
+  makes a useful head trainable in minutes on two CPU cores (`laya.mini` does this).
+- Batches are drawn from a length-sorted window, so padding stays small without fixing the order.
+- A run is a pure function of (data, config, seed): the plan of every epoch is regenerated from
+  the seed, so `resume` replays the plan up to the saved step and continues bit-for-bit on the
+  same machine and thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from laya.losses import LossWeights
+
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    data: str = ""
+    out: str = ""
+    init: str | None = None          # an official-layout checkpoint to fine-tune
+    encoder: str | None = None       # or: a pretrained transformers encoder folder + a fresh head
+    head_layers: int = 2
+    act_costs: dict[str, float] = field(default_factory=lambda: {"ask": 0.1})
+    eval_data: str | None = None
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 16
+    lr: float = 3e-4                 # head, scorer, type embeddings, act head
+    encoder_lr: float = 0.0          # 0 freezes the encoder
+    weight_decay: float = 0.01
+    warmup: float = 0.06             # fraction of steps
+    loss: LossWeights = field(default_factory=lambda: LossWeights(log=1.0, spherical=0.5, rps=1.0))
+    act_weight: float = 0.1          # act head learns "answer now" = the top option is right
+    shuffle_options: float = 1.0
+    option_subsets: float = 0.3
+    max_len: int = 256
+    head_max_len: int = 128
+    seed: int = 0
+    eval_every: int = 200
+    save_every: int = 200
+    resume: bool = False
+    threads: int | None = None
+    dropout: float = 0.1
+
+    def validate(self) -> None:
+        if not self.data:
+            raise ValueError("train: --data is required")
+        if not self.out:
+            raise ValueError("train: --out is required")
+        if (self.init is None) == (self.encoder is None):
+            raise ValueError("train: give exactly one of --init (a Laya checkpoint) or --encoder (a pretrained folder)")
+        for name in ("batch_size", "eval_every", "save_every", "max_len", "head_max_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"train: {name} must be a positive integer, got {v!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise ValueError(f"train: max_steps must be a positive integer, got {self.max_steps!r}")
+        if not self.epochs > 0:
+            raise ValueError(f"train: epochs must be > 0, got {self.epochs!r}")
+        for name in ("lr", "encoder_lr", "weight_decay", "act_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"train: {name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("warmup", "shuffle_options", "option_subsets", "dropout"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"train: {name} must be in [0, 1], got {getattr(self, name)!r}")
+
+
+def build_model(cfg: TrainConfig):
+    """(model, tokenizer, LayaConfig): the checkpoint to fine-tune, or a fresh head on the encoder."""
+    from laya.checkpoint import load_checkpoint
+    from laya.config import LayaConfig
+    from laya.modeling_laya import LayaModel
+    from laya.tokenizer import LayaTokenizer
+
+    if cfg.init is not None:
+        model, tok, config = load_checkpoint(cfg.init)
+        return model, tok, config
+    if not os.path.isdir(cfg.encoder):
+        raise FileNotFoundError(f"train: encoder folder not found: {cfg.encoder}")
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    config = LayaConfig(encoder=_encoder_name(cfg.encoder), head_layers=cfg.head_layers,
+                        act_costs=dict(cfg.act_costs), max_len=512, head_max_len=192)
+    model = LayaModel.from_pretrained_encoder(cfg.encoder, config)
+    tok = LayaTokenizer.from_dir(cfg.encoder)
+    return model, tok, config
+
+
+def _encoder_name(folder: str) -> str:
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("_name_or_path") or os.path.basename(os.path.normpath(folder))
+    except (OSError, ValueError):
+        return os.path.basename(os.path.normpath(folder))
+
+
+def _plan(n_items: int, lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of batches: shuffle, sort windows of 50 batches by length, shuffle the batches."""
+    order = list(range(n_items))
+    rng.shuffle(order)
+    window = batch_size * 50
+    batches = []
+    for start in range(0, n_items, window):
+        chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
+        batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _batch(tok, items, idx, budgets, rng, augment):
+    import torch
+
+    from laya.examples import encode
+    from laya.sequence import collate
+
+    rows, targets = [], []
+    for i in idx:
+        row, target = encode(tok, items[i], budgets, rng, augment)
+        rows.append(row)
+        targets.append(target)
+    batch = collate(rows, tok.pad_token_id)
+    t = torch.zeros(batch["marker_mask"].shape, dtype=torch.float32)
+    for j, target in enumerate(targets):
+        t[j, : len(target)] = torch.tensor(target)
+    return batch, t
+
+
+def evaluate(model, tok, items, budgets, batch_size: int = 32) -> dict[str, float]:
+    """Accuracy and mean log loss at T=1 in the data's own option order (no augmentation)."""
+    import torch
+
+    from laya.losses import log_score
+
+    model.eval()
+    n, hits, nll = 0, 0, 0.0
+    order = sorted(range(len(items)), key=lambda i: len(str(items[i].state)))
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            batch, t = _batch(tok, items, order[start:start + batch_size], budgets, None, None)
+            logits, _ = model(**batch)
+            nll += float(log_score(logits, t, batch["marker_mask"]).sum())
+            hits += int((logits.argmax(-1) == t.argmax(-1)).sum())
+            n += len(t)
+    return {"accuracy": hits / max(1, n), "nll": nll / max(1, n), "n": n}
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) training; writes an official-layout checkpoint to `cfg.out` and returns a summary."""
+    import torch
+    from tqdm import tqdm
+
+    from laya.checkpoint import save_checkpoint
+    from laya.examples import Augment, encode, read_jsonl
+    from laya.losses import proper_loss
+    from laya.sequence import Budgets
+
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    items = read_jsonl(cfg.data)
+    eval_items = read_jsonl(cfg.eval_data) if cfg.eval_data else []
+    resume_state = None
+    state_path = os.path.join(cfg.out, STATE_FILE)
+    if cfg.resume and os.path.isfile(state_path):
+        resume_state = torch.load(state_path, weights_only=False)
+        cfg_init = cfg.init
+        cfg.init, cfg.encoder = cfg.out, None   # weights come from the last save
+        model, tok, config = build_model(cfg)
+        cfg.init = cfg_init
+    else:
+        model, tok, config = build_model(cfg)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = cfg.dropout
+    frozen = cfg.encoder_lr == 0
+    for p in model.encoder.parameters():
+        p.requires_grad_(not frozen)
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.startswith("encoder.")], "lr": cfg.lr}]
+    if not frozen:
+        groups.append({"params": list(model.encoder.parameters()), "lr": cfg.encoder_lr})
+    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+
+    budgets = Budgets(cfg.max_len, cfg.head_max_len)
+    augment = Augment(cfg.shuffle_options, cfg.option_subsets)
+    # Length of each row in its data order, for batching similar lengths together.
+    lengths = [encode(tok, it, budgets)[0].n_tokens for it in items]
+    steps_per_epoch = math.ceil(len(items) / cfg.batch_size)
+    total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
+    warm = max(1, round(cfg.warmup * total))
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+    start = 0
+    history: list[dict[str, Any]] = []
+    if resume_state is not None:
+        opt.load_state_dict(resume_state["optimizer"])
+        start = resume_state["step"]
+        history = resume_state["history"]
+    torch.manual_seed(cfg.seed)
+    t0 = time.time()
+    seen = 0
+    bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+    step, epoch, last = 0, 0, {}
+    while step < total:
+        rng = random.Random(cfg.seed * 100003 + epoch)
+        for idx in _plan(len(items), lengths, cfg.batch_size, rng):
+            if step >= total:
+                break
+            if step < start:  # replay the plan (and its augmentation draws) up to the resumed step
+                for i in idx:
+                    encode(tok, items[i], budgets, rng, augment)
+                step += 1
+                if step == start and resume_state is not None:
+                    torch.set_rng_state(resume_state["torch_rng"])
+                continue
+            model.train()
+            if frozen:
+                model.encoder.eval()  # no dropout in a frozen encoder: its features stay the pretrained ones
+            batch, target = _batch(tok, items, idx, budgets, rng, augment)
+            logits, act = model(**batch)
+            loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
+            if cfg.act_weight and act.size(-1) > 1:
+                # index 0 = answer now; the right call is to answer when the top option is the target's.
+                wrong = (logits.detach().argmax(-1) != target.argmax(-1)).long()
+                loss = loss + cfg.act_weight * torch.nn.functional.cross_entropy(act.float(), wrong)
+            for g, base in zip(opt.param_groups, [cfg.lr, cfg.encoder_lr]):
+                g["lr"] = base * lr_at(step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+            opt.step()
+            step += 1
+            seen += len(idx)
+            last = {"loss": float(loss.detach())}
+            bar.set_postfix(loss=f"{last['loss']:.3f}", ex_s=f"{seen / max(1e-9, time.time() - t0):.1f}")
+            bar.update(1)
+            if eval_items and (step % cfg.eval_every == 0 or step == total):
+                ev = evaluate(model, tok, eval_items, budgets)
+                history.append({"step": step, "train_loss": last["loss"], **ev})
+                bar.write(f"step {step}: eval accuracy {ev['accuracy']:.3f} nll {ev['nll']:.3f} (n={ev['n']})")
+            if step % cfg.save_every == 0 or step == total:
+                _save(cfg, model, tok, config, opt, step, history, save_checkpoint)
+        epoch += 1
+    bar.close()
+    elapsed = time.time() - t0
+    summary = {"steps": total, "examples_seen": seen, "seconds": elapsed,
+               "examples_per_s": seen / max(1e-9, elapsed), "final_loss": last.get("loss"),
+               "history": history}
+    with open(os.path.join(cfg.out, "train_summary.json"), "w", encoding="utf-8") as f:
+        json.dump({**summary, "config": _jsonable(cfg)}, f, indent=2)
+    return summary
+
+
+def _save(cfg, model, tok, config, opt, step, history, save_checkpoint) -> None:
+    import torch
+
+    config.extra["training"] = {"data": os.path.basename(cfg.data), "step": step, "seed": cfg.seed,
+                                "encoder_frozen": cfg.encoder_lr == 0}
+    # fp32 while training so a resumed run continues from exactly what it had; `export` writes F16.
+    save_checkpoint(cfg.out, model, tok, config, dtype=torch.float32)
+    tmp = os.path.join(cfg.out, STATE_FILE + ".tmp")
+    torch.save({"step": step, "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+                "history": history}, tmp)
+    os.replace(tmp, os.path.join(cfg.out, STATE_FILE))
+
+
+def _jsonable(cfg: TrainConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    return d
+
+
+def register(commands, bench) -> None:
+    p = commands.add_parser("train", help="fine-tune a Laya checkpoint (or a fresh head on an encoder) on JSONL")
+    p.add_argument("--data", required=True, help="JSONL of {state, questions, labels|targets}")
+    p.add_argument("--out", required=True, help="output checkpoint folder (official layout)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--init", help="Laya checkpoint folder to fine-tune")
+    src.add_argument("--encoder", help="pretrained transformers encoder folder; a fresh head is added")
+    p.add_argument("--eval-data", help="JSONL evaluated every --eval-every steps")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--encoder-lr", type=float, default=0.0, help="0 freezes the encoder (default)")
+    p.add_argument("--head-layers", type=int, default=2, help="with --encoder: head transformer layers")
+    p.add_argument("--spherical", type=float, default=0.5, help="weight of the spherical score")
+    p.add_argument("--rps", type=float, default=1.0, help="weight of the ranked probability score (score questions)")
+    p.add_argument("--max-len", type=int, default=256)
+    p.add_argument("--head-max-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    cfg = TrainConfig(data=args.data, out=args.out, init=args.init, encoder=args.encoder,
+                      head_layers=args.head_layers, eval_data=args.eval_data, epochs=args.epochs,
+                      max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+                      encoder_lr=args.encoder_lr, loss=LossWeights(1.0, args.spherical, args.rps),
+                      max_len=args.max_len, head_max_len=args.head_max_len, seed=args.seed,
+                      eval_every=args.eval_every, save_every=args.save_every, resume=args.resume,
+                      threads=args.threads)
+    summary = train(cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
+    return 0

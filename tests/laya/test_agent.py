@@ -1,0 +1,78 @@
+"""The Agent API others build on: load, predict, the prepare/forward/finish split, batching, determinism."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import laya
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = (ROOT / "docs/examples/billing_state.txt").read_text().rstrip("\n")
+QUESTIONS = json.loads((ROOT / "docs/examples/billing_questions.json").read_text())
+
+
+@pytest.fixture(scope="module", params=["modernbert", "bert"])
+def agent(request, laya_tiny_modernbert, laya_tiny_bert):
+    return laya.load(laya_tiny_modernbert if request.param == "modernbert" else laya_tiny_bert)
+
+
+def test_predict_shape(agent):
+    out = agent.predict(STATE, QUESTIONS)
+    assert out["model"] == "laya-rl-agent"
+    a = out["answers"]
+    assert set(a) == set(QUESTIONS)
+    assert a["department"]["choice"] in QUESTIONS["department"]["criteria"]
+    assert abs(sum(a["department"]["probabilities"].values()) - 1) < 1e-3
+    assert 0 <= a["urgency"]["score"] <= 2
+    assert set(a["urgency"]["legend"]) == {"0", "1", "2"}
+    assert 0 <= a["churn_risk"]["noul"] <= 1
+    assert out["usage"]["input_tokens"] > 0 and out["usage"]["truncated"] is False
+
+
+def test_split_equals_predict_and_repeat_is_bit_identical(agent):
+    p = agent.prepare(STATE, QUESTIONS)
+    assert len(p.rows) == 3 and all(r.n_tokens == len(r.input_ids) for r in p.rows)
+    assert agent.finish(p, agent.forward(p.rows)) == agent.predict(STATE, QUESTIONS)
+    o1, o2 = agent.forward(p.rows), agent.forward(p.rows)
+    assert all((a.logits == b.logits).all() and (a.act_probabilities == b.act_probabilities).all()
+               for a, b in zip(o1, o2))
+
+
+def test_rows_from_many_requests_share_one_forward(agent):
+    states = [STATE, {"customer": "ACME", "text": "server down"}, ["user: hi", "user: cancel my plan"],
+              "short", STATE * 8]
+    prepared = [agent.prepare(s, QUESTIONS) for s in states]
+    rows = [r for p in prepared for r in p.rows]
+    outs = agent.forward(rows)
+    alone = [agent.forward(p.rows) for p in prepared]
+    flat = [o for group in alone for o in group]
+    for a, b in zip(outs, flat):
+        assert (a.logits == b.logits).all() and (a.act_probabilities == b.act_probabilities).all()
+
+
+def test_predict_batch_identical_to_predict(agent):
+    states = [STATE, "The server is down", ["hello", "I was charged twice"], {"a": 1}, STATE * 5]
+    single = [agent.predict(s, QUESTIONS) for s in states]
+    for batch_size in (1, 2, 32):
+        for sort in (True, False):
+            assert agent.predict_batch(states, QUESTIONS, batch_size=batch_size, sort_by_length=sort) == single
+
+
+def test_empty_questions(agent):
+    assert agent.predict(STATE, {}) == {"model": "laya-rl-agent", "answers": {},
+                                        "usage": {"input_tokens": 0, "output_tokens": 0}}
+
+
+def test_default_model_missing_says_make_model(monkeypatch, tmp_path):
+    monkeypatch.setenv("PAGODA_LAYA_MINI", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="make model"):
+        laya.load()
+
+
+def test_import_laya_is_cheap():
+    import subprocess
+    import sys
+
+    code = "import sys, laya; assert 'torch' not in sys.modules, 'import laya pulled in torch'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
