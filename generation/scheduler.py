@@ -1,0 +1,240 @@
+"""Continuous batching with chunked prefill, cache-aware admission and preemption by recompute.
+
+Each step: every running sequence with exactly one token to compute joins the decode batch (one
+[B, 1] forward); running prefills get the next chunk; then waiting requests are admitted in policy
+order while the per-step token budget and pool allow. A request whose next uncached block is being
+computed right now by another prefill waits one step, so it hits the cache instead of duplicating
+that work (SGLang's in-batch prefix check). When the pool runs dry even after eviction, the
+youngest running sequence is preempted: its blocks go back and it is recomputed later, tokens kept.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from generation.block_manager import BlockManager
+from generation.config import EngineConfig
+from generation.prefix_cache import PrefixCache
+from generation.sequence import Sequence, Status
+
+LPM_QUEUE_LIMIT = 128  # past this many waiting requests, sorting by match costs more than it saves
+
+
+@dataclass
+class StepPlan:
+    decode: list[Sequence] = field(default_factory=list)
+    prefill: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens this step)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src block, dst block)
+
+    def __bool__(self) -> bool:
+        return bool(self.decode or self.prefill)
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, blocks: BlockManager, cache: PrefixCache) -> None:
+        self.cfg = cfg
+        self.blocks = blocks
+        self.cache = cache
+        self.bs = blocks.block_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        self.prompt_tokens = 0
+        self.hit_tokens = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- block accounting -------------------------------------------------------------------
+
+    def _alloc(self) -> int | None:
+        block = self.blocks.allocate()
+        if block is None and self.cache.evict(1):
+            block = self.blocks.allocate()
+        return block
+
+    def _grow(self, seq: Sequence, upto: int, plan: StepPlan) -> bool:
+        """Give `seq` private blocks for positions [num_computed, upto); False (nothing held back) if the pool is dry."""
+        first = seq.num_computed // self.bs
+        if first < len(seq.block_table) and seq.num_computed % self.bs and self.blocks.shared(seq.block_table[first]):
+            fresh = self._alloc()
+            if fresh is None:
+                return False
+            src = seq.block_table[first]
+            plan.copies.append((src, fresh))
+            self.blocks.decref(src)
+            seq.block_table[first] = fresh
+        added = []
+        while len(seq.block_table) < self.blocks.blocks_for(upto):
+            block = self._alloc()
+            if block is None:
+                for b in added:
+                    seq.block_table.pop()
+                    self.blocks.decref(b)
+                return False
+            added.append(block)
+            seq.block_table.append(block)
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        """Offer the sequence's computed blocks to the cache, then drop its own references."""
+        handle = self.cache.insert(seq.all_ids[: seq.num_computed], seq.block_table, seq.salt)
+        self.cache.lock(handle)
+        self.cache.unlock(seq.cache_handle)
+        self.cache.unlock(handle)
+        seq.cache_handle = None
+        for b in seq.block_table:
+            self.blocks.decref(b)
+        seq.block_table = []
+
+    def cache_progress(self, seq: Sequence) -> None:
+        """After a prefill chunk, publish its full blocks so concurrent requests can share them."""
+        handle = self.cache.insert(seq.all_ids[: seq.num_computed], seq.block_table, seq.salt)
+        if handle is not None and handle is not seq.cache_handle:
+            self.cache.lock(handle)
+            self.cache.unlock(seq.cache_handle)
+            seq.cache_handle = handle
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.release(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    # ---- admission ------------------------------------------------------------------------------
+
+    def _match(self, seq: Sequence) -> tuple[list[int], object, int]:
+        """Blocks to adopt and tokens they cover; capped so the last known token is always computed."""
+        known = seq.all_ids
+        if seq.checkpoint is not None:
+            cp = seq.checkpoint
+            n = min(cp.num_computed, len(known) - 1)
+            return list(cp.blocks[: self.blocks.blocks_for(n)]), cp.handle, n
+        blocks, handle = self.cache.match(known[: len(known) - 1], seq.salt)
+        return blocks, handle, len(blocks) * self.bs
+
+    def _order_waiting(self) -> list[Sequence]:
+        queue = list(self.waiting)
+        policy = self.cfg.policy
+        if policy == "fcfs" or len(queue) > LPM_QUEUE_LIMIT or self.cfg.cache_backend == "none":
+            return queue
+        matches = {id(s): self._match(s)[0] for s in queue}
+        if policy == "lpm":
+            return sorted(queue, key=lambda s: -len(matches[id(s)]))
+        # dfs-weight: walk the tree of matched prefixes, heaviest subtree (most waiting requests) first,
+        # so requests sharing a cached prefix run back to back while it is still resident.
+        tree: dict = {}
+        for s in queue:
+            node = tree
+            for b in matches[id(s)]:
+                node = node.setdefault(b, {})
+            node.setdefault(None, []).append(s)
+
+        def weight(node: dict) -> int:
+            return len(node.get(None, [])) + sum(weight(c) for k, c in node.items() if k is not None)
+
+        order: list[Sequence] = []
+
+        def visit(node: dict) -> None:
+            order.extend(node.get(None, []))
+            kids = [c for k, c in node.items() if k is not None]
+            for child in sorted(kids, key=weight, reverse=True):
+                visit(child)
+
+        visit(tree)
+        return order
+
+    def _next_block_key(self, seq: Sequence, computed: int) -> tuple | None:
+        upto = (computed // self.bs + 1) * self.bs
+        if upto > len(seq) - 1:
+            return None
+        return (seq.salt, tuple(seq.all_ids[:upto]))
+
+    # ---- one step -------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.cfg.max_num_batched_tokens
+        max_len = self.cfg.max_model_len
+        # 1) decodes: oldest first; the youngest is preempted when a block cannot be found
+        for seq in list(self.running):
+            if seq not in self.running or seq.num_uncomputed != 1:
+                continue
+            while not self._grow(seq, seq.num_computed + 1, plan):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                plan.decode.append(seq)
+        budget -= len(plan.decode)
+        # 2) running prefills continue
+        for seq in list(self.running):
+            if seq.num_uncomputed <= 1 or seq not in self.running:
+                continue
+            n = seq.num_uncomputed if not self.cfg.chunked_prefill else min(seq.num_uncomputed, budget)
+            if n <= 0 or (not self.cfg.chunked_prefill and n > budget and plan):
+                continue
+            if not self._grow(seq, seq.num_computed + n, plan):
+                continue
+            plan.prefill.append((seq, n))
+            budget -= n
+        # 3) admit waiting requests
+        inflight = {self._next_block_key(s, s.num_computed) for s, _ in plan.prefill} - {None}
+        for seq in self._order_waiting():
+            if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
+                break
+            if max_len is not None and len(seq) >= max_len:
+                raise ValueError(f"prompt: {len(seq)} tokens leave no room under EngineConfig.max_model_len={max_len}")
+            blocks, handle, hit = self._match(seq)
+            key = self._next_block_key(seq, hit)
+            if self.cfg.cache_backend != "none" and key is not None and key in inflight:
+                continue  # its next block is being computed now: hit it next step
+            need = len(seq) - hit
+            n = need if not self.cfg.chunked_prefill else min(need, budget)
+            if not self.cfg.chunked_prefill and n > budget and plan:
+                break
+            for b in blocks:
+                self.blocks.incref(b)
+            seq.block_table = blocks
+            seq.num_computed = hit
+            self.cache.lock(handle)
+            seq.cache_handle = handle
+            if not self._grow(seq, hit + n, plan):
+                self.cache.unlock(handle)
+                seq.cache_handle = None
+                for b in seq.block_table:
+                    self.blocks.decref(b)
+                seq.block_table, seq.num_computed = [], 0
+                break
+            self.waiting.remove(seq)
+            if seq.admissions == 0:  # a readmission after preemption is recompute, not a new prompt
+                seq.cached_tokens = hit
+                self.prompt_tokens += len(seq)
+                self.hit_tokens += hit
+            seq.admissions += 1
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            if n == 1:
+                plan.decode.append(seq)
+            else:
+                plan.prefill.append((seq, n))
+                if key is not None:
+                    inflight.add(key)
+            budget -= n
+        return plan
+
+    def finish(self, seq: Sequence, reason: str, keep: bool = False) -> None:
+        """Retire a sequence; `keep` leaves its blocks for a checkpoint/session to take over."""
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        if not keep:
+            self.release(seq)
