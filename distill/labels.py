@@ -1,0 +1,178 @@
+"""Teacher labelling: calibrated probabilities for every row, on disk as Parquet, resumable and shardable.
+
+The corpus is cut into fixed chunks of `labels.chunk_rows` rows by global row index. A chunk is
+labelled with one batched `datasets.map` and written atomically as `labels/chunk-NNNNN.parquet`,
+so an interrupted run resumes at the first missing chunk without relabelling finished rows.
+Shard `i/n` labels the chunks `c` with `c % n == i`; because chunk files are named by position,
+not by shard, labelling one corpus on many machines is copying their `labels/` folders together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from distill.answers import probs_from_answer
+from distill.runtime import state_text
+from distill.task import Task
+
+ROW = "__row__"
+
+
+class Teacher(Protocol):
+    def predict_batch(self, states: list[Any], questions: Any, *, batch_size: int = 32,
+                      **budgets: Any) -> list[dict[str, Any]]: ...
+
+
+def prob_column(question: str) -> str:
+    return f"p.{question}"
+
+
+def load_corpus(path: str | os.PathLike, task: Task):
+    """The data file as a `datasets.Dataset` with a global row index; json/jsonl/csv/parquet."""
+    from datasets import Dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        ds = Dataset.from_json(str(path))
+    elif suffix == ".csv":
+        ds = Dataset.from_csv(str(path))
+    elif suffix == ".parquet":
+        ds = Dataset.from_parquet(str(path))
+    else:
+        raise ValueError(f"data: {path} has an unknown format {suffix!r}; use .jsonl, .json, .csv or .parquet")
+    if task.text_field not in ds.column_names:
+        raise ValueError(f"task.text_field: column {task.text_field!r} is not in {path} (columns: {ds.column_names})")
+    for q, col in task.gold.items():
+        if col not in ds.column_names:
+            raise ValueError(f"task.gold.{q}: column {col!r} is not in {path}")
+    if task.labels.max_rows:
+        ds = ds.select(range(min(len(ds), task.labels.max_rows)))
+    return ds.add_column(ROW, list(range(len(ds))))
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if not text:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard: expected I/N such as 0/4, got {text!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError(f"shard: need 0 <= I < N, got {text!r}")
+    return i, n
+
+
+def _chunk_path(label_dir: Path, c: int) -> Path:
+    return label_dir / f"chunk-{c:05d}.parquet"
+
+
+def _check_meta(label_dir: Path, task: Task, n_rows: int, teacher_id: str) -> None:
+    """Chunks from another task, corpus size or teacher must never be mixed into these labels."""
+    meta = {"task": task.fingerprint(), "rows": n_rows, "chunk_rows": task.labels.chunk_rows, "teacher": teacher_id}
+    path = label_dir / "meta.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != meta:
+            diff = sorted(k for k in meta if old.get(k) != meta[k])
+            raise ValueError(f"{label_dir}: existing labels were made with different {diff}; use a new --out or delete it")
+    else:
+        label_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(meta, indent=1))
+
+
+def label(task: Task, teacher: Teacher, corpus, label_dir: Path, *, shard: tuple[int, int] = (0, 1),
+          teacher_id: str = "", progress: bool = True) -> int:
+    """Label this shard's missing chunks; returns how many rows were labelled now (0: all were done)."""
+    from datasets.utils.logging import disable_progress_bar
+    from tqdm.auto import tqdm
+
+    disable_progress_bar()  # our bar counts rows across chunks; one bar per chunk would be noise
+    label_dir = Path(label_dir)
+    _check_meta(label_dir, task, len(corpus), teacher_id)
+    size = task.labels.chunk_rows
+    i, n = shard
+    chunks = [c for c in range(-(-len(corpus) // size)) if c % n == i]
+    todo = [c for c in chunks if not _chunk_path(label_dir, c).exists()]
+    total = sum(min(size, len(corpus) - c * size) for c in chunks)
+    done_rows = total - sum(min(size, len(corpus) - c * size) for c in todo)
+    heads = task.heads()
+
+    def label_batch(batch: dict[str, list]) -> dict[str, list]:
+        states = [state_text(s) for s in batch[task.text_field]]
+        answers = teacher.predict_batch(states, task.questions, batch_size=task.labels.batch_size, **task.budgets)
+        out: dict[str, list] = {}
+        for h in heads:
+            out[prob_column(h["name"])] = [probs_from_answer(h["name"], h, a["answers"]).astype(np.float32).tolist()
+                                           for a in answers]
+        bar.update(len(states))
+        return out
+
+    with tqdm(total=total, initial=done_rows, desc=f"label {i}/{n}", unit="row", disable=not progress) as bar:
+        for c in todo:
+            part = corpus.select(range(c * size, min(len(corpus), (c + 1) * size)))
+            part = part.map(label_batch, batched=True, batch_size=task.labels.batch_size,
+                            load_from_cache_file=False, keep_in_memory=True)
+            final = _chunk_path(label_dir, c)
+            tmp = final.with_suffix(".tmp")
+            part.to_parquet(str(tmp))
+            os.replace(tmp, final)  # a chunk exists only once it is complete
+    return total - done_rows
+
+
+def missing_chunks(label_dir: Path, n_rows: int, chunk_rows: int) -> list[int]:
+    return [c for c in range(-(-n_rows // chunk_rows)) if not _chunk_path(Path(label_dir), c).exists()]
+
+
+def load_labels(label_dir: Path, task: Task):
+    """Every labelled chunk as one Dataset in row order; refuses a partial set (name the missing chunks)."""
+    from datasets import Dataset
+
+    label_dir = Path(label_dir)
+    meta = json.loads((label_dir / "meta.json").read_text())
+    missing = missing_chunks(label_dir, meta["rows"], meta["chunk_rows"])
+    if missing:
+        raise ValueError(f"labels in {label_dir} are incomplete: chunks {missing[:10]} missing (label the remaining shards first)")
+    files = [str(_chunk_path(label_dir, c)) for c in range(-(-meta["rows"] // meta["chunk_rows"]))]
+    return Dataset.from_parquet(files, keep_in_memory=True)
+
+
+def split_of(rows: np.ndarray, task: Task) -> np.ndarray:
+    """0 train, 1 validation, 2 held-out: a pure function of (row, seed), so every machine agrees."""
+    rng = np.random.default_rng(task.split.seed)
+    u = rng.random(int(rows.max()) + 1 if len(rows) else 0)[rows]
+    out = np.zeros(len(rows), dtype=np.int8)
+    out[u < task.split.holdout + task.split.validation] = 1
+    out[u < task.split.holdout] = 2
+    return out
+
+
+def targets(ds, task: Task) -> dict[str, np.ndarray]:
+    """Per question, the teacher's distributions as an (n, k) float array."""
+    return {h["name"]: np.asarray(ds[prob_column(h["name"])], dtype=np.float64) for h in task.heads()}
+
+
+def gold_indices(ds, task: Task) -> dict[str, np.ndarray]:
+    """Per question with a gold column, the gold option index (-1 where the value is not an option)."""
+    out = {}
+    for h in task.heads():
+        col = task.gold.get(h["name"])
+        if col is None:
+            continue
+        keys = h["keys"]
+        idx = []
+        for v in ds[col]:
+            if h["type"] == "noul":
+                v = "true" if v in (True, 1, "true", "True", "yes") else "false"
+            elif h["type"] == "score":
+                v = int(v)
+            idx.append(keys.index(v) if v in keys else -1)
+        out[h["name"]] = np.asarray(idx)
+    return out

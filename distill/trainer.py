@@ -1,0 +1,156 @@
+"""Training the encoder student: KL to the teacher's calibrated distributions, one pass per state.
+
+Every question's head reads the same pooled state, so one encoder forward answers all of them; the
+loss is the sum over questions of KL(teacher || student), plus, for `score` questions, the squared
+gap between expected levels (normalised by the scale length), because a score is reported as an
+expectation and a student can match the argmax while drifting on the mean.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from distill.answers import softmax
+from distill.modeling_student import EncoderStudent, from_minilm, minilm_dir
+from distill.task import Task
+
+
+def load_tokenizer() -> Tokenizer:
+    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def encode(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+    """Same truncation as `distill.runtime` (keep the head, keep [SEP]) so train and serve see one input."""
+    out = []
+    for enc in tok.encode_batch(texts):
+        ids = enc.ids
+        out.append(ids if len(ids) <= max_len else ids[:max_len - 1] + ids[-1:])
+    return out
+
+
+def collate(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled batches of similar length: little padding, still a different order every epoch."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    pool = batch_size * 32
+    out = []
+    for start in range(0, len(order), pool):
+        group = sorted(order[start:start + pool], key=lambda i: lengths[i])
+        out += [group[j:j + batch_size] for j in range(0, len(group), batch_size)]
+    rng.shuffle(out)
+    return out
+
+
+def distill_loss(logits: torch.Tensor, heads: list[dict], targets: dict[str, torch.Tensor],
+                 score_weight: float) -> torch.Tensor:
+    loss = logits.new_zeros(())
+    for h in heads:
+        z = logits[:, h["offset"]:h["offset"] + h["size"]]
+        t = targets[h["name"]]
+        logp = F.log_softmax(z, -1)
+        loss = loss + F.kl_div(logp, t, reduction="batchmean")
+        if h["type"] == "score":
+            levels = torch.arange(h["size"], dtype=z.dtype)
+            gap = ((logp.exp() - t) * levels).sum(-1) / (h["size"] - 1)
+            loss = loss + score_weight * (gap ** 2).mean()
+    return loss
+
+
+@torch.no_grad()
+def predict_logits(model: EncoderStudent, ids: list[list[int]], batch_size: int = 64) -> np.ndarray:
+    model.eval()
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = np.zeros((len(ids), sum(h.out_features for h in model.heads)), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        x, m = collate([ids[i] for i in chunk])
+        out[chunk] = model(x, m).numpy()
+    return out
+
+
+def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.ndarray], val_ids: list[list[int]],
+                  val_t: dict[str, np.ndarray], progress: bool = True) -> tuple[EncoderStudent, list[dict]]:
+    """Returns the student with the lowest validation KL over epochs, and the per-epoch history."""
+    from tqdm.auto import tqdm
+
+    from distill.metrics import mean_kl
+
+    s = task.student
+    torch.set_num_threads(s.threads or os.cpu_count() or 1)
+    heads = task.heads()
+    model = from_minilm(s.layers, [h["size"] for h in heads], seed=s.seed)
+    if s.freeze_embeddings:  # the vocabulary table is most of the weights and gains little from a few thousand rows
+        model.word.weight.requires_grad_(False)
+    head_params = list(model.heads.parameters())
+    body = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("heads.")]
+    opt = torch.optim.AdamW([{"params": body, "lr": s.lr}, {"params": head_params, "lr": s.head_lr}],
+                            weight_decay=0.01)
+    rng = random.Random(s.seed)
+    lengths = [len(r) for r in train_ids]
+    steps = s.epochs * -(-len(train_ids) // s.batch_size)
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warm) * max(0.05, 1.0 - i / steps))
+    tt = {k: torch.tensor(v, dtype=torch.float32) for k, v in train_t.items()}
+    best, best_kl, history = None, float("inf"), []
+    with tqdm(total=steps, desc=f"train {s.layers}-layer student", unit="step", disable=not progress) as bar:
+        for epoch in range(s.epochs):
+            model.train()
+            for batch in batches(lengths, s.batch_size, rng):
+                x, m = collate([train_ids[i] for i in batch])
+                loss = distill_loss(model(x, m), heads, {k: v[batch] for k, v in tt.items()}, s.score_weight)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+            logits = predict_logits(model, val_ids)
+            kl = sum(mean_kl(val_t[h["name"]], softmax(logits[:, h["offset"]:h["offset"] + h["size"]]))
+                     for h in heads)
+            history.append({"epoch": epoch + 1, "val_kl": round(kl, 5)})
+            bar.write(f"epoch {epoch + 1}: validation KL (sum over questions) {kl:.4f}")
+            if kl < best_kl:
+                best, best_kl = copy.deepcopy(model.state_dict()), kl
+    model.load_state_dict(best)
+    model.eval()
+    return model, history
+
+
+def save(model: EncoderStudent, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"layers": model.config.num_layers, "head_sizes": [h.out_features for h in model.heads],
+                "state_dict": model.state_dict()}, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> EncoderStudent:
+    from distill.modeling_student import EncoderConfig
+
+    blob = torch.load(path, weights_only=True)
+    model = EncoderStudent(EncoderConfig.from_minilm(blob["layers"]), blob["head_sizes"])
+    model.load_state_dict(blob["state_dict"])
+    return model.eval()
