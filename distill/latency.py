@@ -1,0 +1,57 @@
+"""Per-state latency of anything that answers states: p50/p99 at batch 1 and per state at batch 32.
+
+Shared by the report and `pagoda bench distill`. Figures on a shared machine are noisy, so callers
+always measure a baseline in the same process and print ratios beside the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def measure(predict: Callable[[Any], Any], predict_batch: Callable[[list[Any]], Any], states: list[Any],
+            singles: int = 100, batches: int = 4, batch_size: int = 32, warmup: int = 3) -> dict[str, float]:
+    """ms per state: batch-1 p50/p99 over `singles` calls, batch-32 p50/p99 over `batches` calls (divided by 32)."""
+    if not states:
+        raise ValueError("states: need at least one state to time")
+    for s in states[:warmup]:
+        predict(s)
+    one = []
+    for i in range(singles):
+        s = states[i % len(states)]
+        t = time.perf_counter()
+        predict(s)
+        one.append((time.perf_counter() - t) * 1000)
+    many = []
+    for i in range(batches):
+        chunk = [states[(i * batch_size + j) % len(states)] for j in range(batch_size)]
+        t = time.perf_counter()
+        predict_batch(chunk)
+        many.append((time.perf_counter() - t) * 1000 / batch_size)
+    return {"b1_p50": float(np.percentile(one, 50)), "b1_p99": float(np.percentile(one, 99)),
+            "b32_p50": float(np.percentile(many, 50)), "b32_p99": float(np.percentile(many, 99))}
+
+
+def student_latency(path, threads: int | None, precision: str | None, states: list[str], **kw: Any) -> dict[str, float]:
+    from distill.runtime import Student
+
+    s = Student(path, threads=threads, precision=precision)
+    return measure(s.predict, s.predict_batch, states, **kw)
+
+
+def teacher_latency(agent, questions: dict, threads: int, states: list[str], budgets: dict | None = None,
+                    **kw: Any) -> dict[str, float]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        b = budgets or {}
+        return measure(lambda s: agent.predict(s, questions, **b),
+                       lambda ss: agent.predict_batch(ss, questions, batch_size=32, **b), states, **kw)
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,202 @@
+"""Stage 6: `report.md`, `report.json` and PNGs comparing the students with their teacher on held-out rows.
+
+Quality is measured against the teacher (argmax agreement, KL, ECE with the teacher's distribution
+as the soft truth) and, where the data has gold labels, against those; latency for every student
+and for the teacher in the same process, 1 thread and all cores, batch 1 and batch 32, so the
+speed-up is a ratio of two numbers taken under the same (shared, noisy) load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill import metrics
+from distill.answers import softmax
+
+TARGETS = {"int8_size_mb": 25.0, "b1_p50_ms_1thread": 10.0, "agreement": 0.95, "ece_teacher": 0.03, "speedup": 10.0}
+
+
+def dir_size_mb(path: Path) -> float:
+    if path.is_file():
+        return path.stat().st_size / 2**20
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def student_probs(path: Path, precision: str | None, texts: list[str]) -> dict[str, np.ndarray]:
+    from distill.runtime import Student
+
+    s = Student(path, precision=precision)
+    logits = s.logits(texts)
+    return {h["name"]: softmax(logits[:, h["offset"]:h["offset"] + h["size"]], h["temperature"])
+            for h in s.meta["heads"]}
+
+
+def quality(probs: dict[str, np.ndarray], teacher: dict[str, np.ndarray], gold: dict[str, np.ndarray]) -> dict:
+    out = {}
+    for q, p in probs.items():
+        row = {"agreement": metrics.agreement(p, teacher[q]), "kl": metrics.mean_kl(teacher[q], p),
+               "ece_teacher": metrics.ece_vs_teacher(p, teacher[q])}
+        if q in gold:
+            row["ece_gold"], row["acc_gold"] = metrics.ece_vs_gold(p, gold[q])
+        out[q] = row
+    return out
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "—" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+
+
+def plots(out: Path, probs: dict[str, dict[str, np.ndarray]], teacher: dict[str, np.ndarray],
+          latency: dict[str, dict]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(teacher)
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4), squeeze=False)
+    for ax, q in zip(axes[0], names):
+        ax.plot([0, 1], [0, 1], ":", color="grey")
+        for label, pr in probs.items():
+            p = pr[q]
+            pick = p.argmax(-1)
+            conf, outcome, n = metrics.reliability(p.max(-1), teacher[q][np.arange(len(pick)), pick])
+            ax.plot(conf, outcome, "o-", label=label)
+        ax.set_title(q)
+        ax.set_xlabel("student confidence (max p)")
+        ax.set_ylabel("teacher probability of that option")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "report-reliability.png", dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = list(latency)
+    keys = [k for k in next(iter(latency.values()))]
+    width = 0.8 / len(keys)
+    for j, k in enumerate(keys):
+        ax.bar(np.arange(len(labels)) + j * width, [latency[m][k]["b1_p50"] for m in labels], width, label=k + ", batch 1")
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(labels)) + width * (len(keys) - 1) / 2, labels)
+    ax.set_ylabel("ms per state (p50)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "report-latency.png", dpi=90)
+    plt.close(fig)
+    return ["report-reliability.png", "report-latency.png"]
+
+
+def write_report(run, d: dict, singles: int = 100, teacher_singles: int = 24) -> dict:
+    from tqdm.auto import tqdm
+
+    from distill.latency import student_latency, teacher_latency
+
+    out, task = run.layout.out, run.task
+    sel = np.flatnonzero(d["split"] == 2)
+    texts = [d["texts"][i] for i in sel]
+    teacher = {q: v[sel] for q, v in d["targets"].items()}
+    gold = {q: v[sel] for q, v in d["gold"].items()}
+    variants: dict[str, tuple[Path, str | None]] = {}
+    if task.student.kind == "encoder":
+        variants["encoder int8"] = (out, "int8")
+        variants["encoder fp32"] = (out, "fp32")
+    if "linear" in run.kinds():
+        variants["linear"] = (out if task.student.kind == "linear" else run.layout.baseline, None)
+    cores = os.cpu_count() or 1
+    threads = {"1 thread": 1, f"{cores} threads": cores}
+    report: dict[str, Any] = {"held_out_rows": len(texts), "students": {}, "teacher": {}, "targets": {}}
+    probs = {}
+    with tqdm(total=len(variants) * (1 + len(threads)) + len(threads), desc="report", unit="step",
+              disable=not run.progress) as bar:
+        for name, (path, precision) in variants.items():
+            probs[name] = student_probs(path, precision, texts)
+            bar.update(1)
+            lat = {}
+            for tname, n in threads.items():
+                lat[tname] = student_latency(path, n, precision, texts, singles=singles)
+                bar.update(1)
+            model_file = path / ("model.int8.onnx" if precision == "int8" else "model.onnx")
+            report["students"][name] = {"questions": quality(probs[name], teacher, gold), "latency": lat,
+                                        "size_mb": dir_size_mb(model_file)}
+        agent = run.agent
+        tlat = {}
+        for tname, n in threads.items():
+            tlat[tname] = teacher_latency(agent, task.questions, n, texts, task.budgets, singles=teacher_singles,
+                                          batches=2)
+            bar.update(1)
+        tq = {}
+        for q in teacher:
+            tq[q] = {"agreement": 1.0, "kl": 0.0, "ece_teacher": 0.0}
+            if q in gold:
+                tq[q]["ece_gold"], tq[q]["acc_gold"] = metrics.ece_vs_gold(teacher[q], gold[q])
+        report["teacher"] = {"questions": tq, "latency": tlat, "size_mb": dir_size_mb(run.teacher_dir),
+                             "path": str(run.teacher_dir)}
+    lat_all = {**{k: v["latency"] for k, v in report["students"].items()}, "teacher": tlat}
+    pngs = plots(out, probs, teacher, lat_all)
+    report["targets"] = targets(report)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "report.md").write_text(render(task, report, pngs, run))
+    print((out / "report.md").read_text())
+    return report
+
+
+def targets(report: dict) -> dict[str, dict]:
+    if "encoder int8" not in report["students"]:
+        return {}
+    s = report["students"]["encoder int8"]
+    one = s["latency"]["1 thread"]["b1_p50"]
+    speed = report["teacher"]["latency"]["1 thread"]["b1_p50"] / one
+    values = {
+        "int8_size_mb": (s["size_mb"], "<="),
+        "b1_p50_ms_1thread": (one, "<="),
+        "agreement": (min(q["agreement"] for q in s["questions"].values()), ">="),
+        "ece_teacher": (max(q["ece_teacher"] for q in s["questions"].values()), "<="),
+        "speedup": (speed, ">="),
+    }
+    return {k: {"value": v, "target": TARGETS[k], "met": bool(v <= TARGETS[k] if op == "<=" else v >= TARGETS[k]),
+                "op": op} for k, (v, op) in values.items()}
+
+
+def render(task, report: dict, pngs: list[str], run) -> str:
+    rows = [("teacher ({})".format(Path(report["teacher"]["path"]).name), report["teacher"])] + list(report["students"].items())
+    qs = list(task.questions)
+    lines = [f"# Student report: {task.name}", "",
+             f"Held-out rows: {report['held_out_rows']} (never trained or calibrated on). "
+             f"Teacher: `{report['teacher']['path']}`.",
+             "ECE vs teacher: 15 bins of the student's top probability against the teacher's probability of the "
+             "same option. Latency: ms per state, measured in one process on a shared machine (noisy: "
+             "compare ratios).", ""]
+    lines += ["## Quality per question", "",
+              "| model | question | agreement | mean KL | ECE vs teacher | ECE vs gold | accuracy vs gold |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in rows:
+        for q in qs:
+            m = r["questions"][q]
+            lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
+                name, q, _fmt(m["agreement"]), _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]),
+                _fmt(m.get("ece_gold")), _fmt(m.get("acc_gold"))))
+    keys = list(report["teacher"]["latency"])
+    lines += ["", "## Latency and size", "",
+              "| model | size MB | " + " | ".join(f"{k} b1 p50 | {k} b1 p99 | {k} b32 p50/state" for k in keys)
+              + " | speed-up vs teacher (1 thread, b1) |",
+              "| --- | ---: | " + " | ".join("---: | ---: | ---:" for _ in keys) + " | ---: |"]
+    t1 = report["teacher"]["latency"]["1 thread"]["b1_p50"]
+    for name, r in rows:
+        cells = []
+        for k in keys:
+            lat = r["latency"][k]
+            cells += [_fmt(lat["b1_p50"], ".2f"), _fmt(lat["b1_p99"], ".2f"), _fmt(lat["b32_p50"], ".2f")]
+        lines.append("| {} | {:.1f} | {} | {:.1f}× |".format(name, r["size_mb"], " | ".join(cells),
+                                                      t1 / r["latency"]["1 thread"]["b1_p50"]))
+    if report["targets"]:
+        lines += ["", "## Targets (encoder int8)", "", "| target | value | goal | met |", "| --- | ---: | ---: | --- |"]
+        for k, t in report["targets"].items():
+            lines.append("| {} | {:.3f} | {} {} | {} |".format(k, t["value"], t["op"], t["target"], "yes" if t["met"] else "**no**"))
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in pngs]
+    lines += ["", "Student config: `{}`".format(json.dumps(task.to_dict()["student"]))]
+    return "\n".join(lines) + "\n"
