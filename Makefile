@@ -32,5 +32,20 @@ lint: install
 serve: install
 	$(PAGODA) decide --model tests/fixtures/laya/bert-tiny --state @docs/examples/billing_state.txt --questions docs/examples/billing_questions.json
 
+# Golden fixtures for tests/laya: our builder writes the checkpoints, the official runtime
+# (laya 0.4.15 in its own venv, run from /tmp because its import name clashes with ours) answers.
+REFVENV := .refvenv
+fixtures: install $(REFVENV)/bin/python
+	tmp=$$(mktemp -d) && $(PY) tests/fixtures/laya/make_goldens.py build $$tmp \
+	  && (cd /tmp && $(CURDIR)/$(REFVENV)/bin/python $(CURDIR)/tests/fixtures/laya/make_goldens.py run $$tmp); \
+	  rc=$$?; rm -rf $$tmp; exit $$rc
+	rm -rf tests/fixtures/laya/bert-tiny
+	$(PY) -c "from laya.testing import build_checkpoint; build_checkpoint('tests/fixtures/laya/bert-tiny', arch='bert')"
+
+$(REFVENV)/bin/python:
+	$(PYTHON) -m venv $(REFVENV)
+	$(REFVENV)/bin/pip install -q torch==2.13.0
+	$(REFVENV)/bin/pip install -q laya==0.4.15
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

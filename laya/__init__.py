@@ -15,4 +15,4 @@ def __getattr__(name: str) -> Any:
         from laya import agent
 
         return getattr(agent, name)
-    raise AttributeError("module 'laya' has no attribute %r" % name)
+    raise AttributeError(f"module 'laya' has no attribute {name!r}")

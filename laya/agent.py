@@ -129,9 +129,9 @@ class Agent:
         chunks carry less padding (it cannot change results: see `forward`).
         """
         if not isinstance(states, list):
-            raise ValueError("states: expected a list of states, got %s" % type(states).__name__)
+            raise ValueError(f"states: expected a list of states, got {type(states).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError("batch_size: must be a positive integer, got %r" % (batch_size,))
+            raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
         prepared = [self.prepare(s, questions, **kwargs) for s in states]
         order = list(range(len(prepared)))
         if sort_by_length:
@@ -159,7 +159,6 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu") -> Agent:
     if path is None:
         path = default_model_path()
         if not (path / "rl_agent_config.json").is_file():
-            raise FileNotFoundError("the default model is not built at %s (set $%s or run `make model`)"
-                                    % (path, DEFAULT_MODEL_ENV))
+            raise FileNotFoundError(f"the default model is not built at {path} (set ${DEFAULT_MODEL_ENV} or run `make model`)")
     model, tokenizer, config = load_checkpoint(str(path))
     return Agent(model, tokenizer, config, device=device, source=str(path))

@@ -17,7 +17,7 @@ from laya.sequence import Row
 
 MODEL_NAME = "laya-rl-agent"
 BUCKET_SIZES = ("2", "3-5", "6-10", "11+")
-GATE_KEYS = {"%s:%s" % (t, s) for t in ("choice", "score", "noul") for s in BUCKET_SIZES} | {"default"}
+GATE_KEYS = {f"{t}:{s}" for t in ("choice", "score", "noul") for s in BUCKET_SIZES} | {"default"}
 
 
 def probabilities(logits: np.ndarray, temperature: float, option_order: tuple[int, ...] | None) -> np.ndarray:
@@ -85,14 +85,14 @@ def check_min_confidence(value: Any) -> float | dict[str, float] | None:
             raise ValueError("min_confidence: a per-bucket map must not be empty")
         for key in value:
             if key not in GATE_KEYS:
-                raise ValueError("min_confidence: unknown bucket %r; use e.g. 'choice:3-5' or 'default'" % (key,))
+                raise ValueError(f"min_confidence: unknown bucket {key!r}; use e.g. 'choice:3-5' or 'default'")
         return {k: _threshold(v) for k, v in value.items()}
     return _threshold(value)
 
 
 def _threshold(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0.0 <= v <= 1.0:
-        raise ValueError("min_confidence: must be a number in [0, 1], got %r" % (v,))
+        raise ValueError(f"min_confidence: must be a number in [0, 1], got {v!r}")
     return float(v)
 
 
@@ -102,7 +102,7 @@ def gate(answers: dict[str, dict[str, Any]], min_confidence: float | dict[str, f
         if isinstance(min_confidence, dict):
             k = len(a.get("probabilities") or {}) or 2
             size = "2" if k <= 2 else "3-5" if k <= 5 else "6-10" if k <= 10 else "11+"
-            threshold = min_confidence.get("%s:%s" % (a["type"], size), min_confidence.get("default", 0.0))
+            threshold = min_confidence.get(f"{a['type']}:{size}", min_confidence.get("default", 0.0))
         else:
             threshold = min_confidence
         if a["answer_confidence"] < threshold:

@@ -27,7 +27,7 @@ ENCODER_CONFIG = os.path.join("encoder", "config.json")
 def _require(path: str, name: str) -> str:
     full = os.path.join(path, name)
     if not os.path.isfile(full):
-        raise FileNotFoundError("checkpoint %s is missing %s (looked for %s)" % (path, name, full))
+        raise FileNotFoundError(f"checkpoint {path} is missing {name} (looked for {full})")
     return full
 
 
@@ -37,7 +37,7 @@ def load_checkpoint(path: str) -> tuple[LayaModel, LayaTokenizer, LayaConfig]:
     from transformers import AutoConfig
 
     if not os.path.isdir(path):
-        raise FileNotFoundError("checkpoint folder not found: %s" % path)
+        raise FileNotFoundError(f"checkpoint folder not found: {path}")
     with open(_require(path, CONFIG_FILE), encoding="utf-8") as f:
         config = LayaConfig.from_dict(json.load(f))
     weights_path = _require(path, WEIGHTS_FILE)
@@ -59,15 +59,15 @@ def check_weights(model: LayaModel, weights: dict[str, torch.Tensor], source: st
     if missing or unexpected or wrong:
         parts = []
         if missing:
-            parts.append("missing %d tensors (e.g. %s)" % (len(missing), ", ".join(missing[:3])))
+            parts.append(f"missing {len(missing)} tensors (e.g. {', '.join(missing[:3])})")
         if unexpected:
-            parts.append("%d unexpected tensors (e.g. %s)" % (len(unexpected), ", ".join(unexpected[:3])))
+            parts.append(f"{len(unexpected)} unexpected tensors (e.g. {', '.join(unexpected[:3])})")
         if wrong:
             k = wrong[0]
-            parts.append("%d shape mismatches (e.g. %s: checkpoint %s, model %s)"
-                         % (len(wrong), k, tuple(weights[k].shape), tuple(expected[k].shape)))
-        raise ValueError("%s does not match encoder/config.json and rl_agent_config.json: %s"
-                         % (source, "; ".join(parts)))
+            parts.append(f"{len(wrong)} shape mismatches (e.g. {k}: checkpoint {tuple(weights[k].shape)}, "
+                         f"model {tuple(expected[k].shape)})")
+        raise ValueError(f"{source} does not match encoder/config.json and rl_agent_config.json: "
+                         + "; ".join(parts))
 
 
 def save_checkpoint(path: str, model: LayaModel, tokenizer: LayaTokenizer, config: LayaConfig,

@@ -39,7 +39,7 @@ def read_state(arg: str) -> Any:
         return arg
     path = Path(arg[1:])
     if not path.is_file():
-        raise FileNotFoundError("--state: file not found: %s" % path)
+        raise FileNotFoundError(f"--state: file not found: {path}")
     text = path.read_text(encoding="utf-8")
     return json.loads(text) if path.suffix == ".json" else text.removesuffix("\n")
 
@@ -47,11 +47,11 @@ def read_state(arg: str) -> Any:
 def read_questions(arg: str) -> Any:
     path = Path(arg)
     if not path.is_file():
-        raise FileNotFoundError("--questions: file not found: %s" % path)
+        raise FileNotFoundError(f"--questions: file not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError("--questions: %s is not valid JSON: %s" % (path, exc)) from exc
+        raise ValueError(f"--questions: {path} is not valid JSON: {exc}") from exc
 
 
 def _decide(args: argparse.Namespace) -> int:
@@ -63,7 +63,7 @@ def _decide(args: argparse.Namespace) -> int:
         out = agent.predict(state, questions, max_len=args.max_len, head_max_len=args.head_max_len,
                             min_confidence=args.min_confidence)
     except (ValueError, FileNotFoundError) as exc:
-        print("pagoda decide: error: %s" % exc, file=sys.stderr)
+        print(f"pagoda decide: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0

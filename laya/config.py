@@ -36,7 +36,7 @@ class LayaConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LayaConfig:
         if not isinstance(data, dict):
-            raise ValueError("rl_agent_config.json: expected a JSON object, got %s" % type(data).__name__)
+            raise ValueError(f"rl_agent_config.json: expected a JSON object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
@@ -48,18 +48,15 @@ class LayaConfig:
         for name in ("head_layers", "max_len", "head_max_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError("rl_agent_config.json: %s must be a non-negative integer, got %r" % (name, value))
+                raise ValueError(f"rl_agent_config.json: {name} must be a non-negative integer, got {value!r}")
         if not isinstance(self.act_costs, dict):
-            raise ValueError("rl_agent_config.json: act_costs must be an object, got %r" % (self.act_costs,))
+            raise ValueError(f"rl_agent_config.json: act_costs must be an object, got {self.act_costs!r}")
         if not isinstance(self.temperature, (list, tuple)) or len(self.temperature) != 3:
-            raise ValueError("rl_agent_config.json: temperature must be a list of 3 numbers, got %r"
-                             % (self.temperature,))
+            raise ValueError(f"rl_agent_config.json: temperature must be a list of 3 numbers, got {self.temperature!r}")
         if not isinstance(self.temperature_by_options, dict):
-            raise ValueError("rl_agent_config.json: temperature_by_options must be an object, got %r"
-                             % (self.temperature_by_options,))
+            raise ValueError(f"rl_agent_config.json: temperature_by_options must be an object, got {self.temperature_by_options!r}")
         if self.option_layout != "sequential":
-            raise ValueError("rl_agent_config.json: option_layout %r is not supported (only 'sequential')"
-                             % (self.option_layout,))
+            raise ValueError(f"rl_agent_config.json: option_layout {self.option_layout!r} is not supported (only 'sequential')")
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}

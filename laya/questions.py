@@ -46,25 +46,24 @@ def render_criterion(value: Any) -> str:
 
 
 def _fail(name: Any, field: str, msg: str) -> ValueError:
-    return ValueError("question %r: field %r: %s" % (name, field, msg))
+    return ValueError(f"question {name!r}: field {field!r}: {msg}")
 
 
 def parse_questions(questions: Any, option_order: dict[str, Any] | None = None) -> list[Question]:
     """Validate a `{name: definition}` mapping; `option_order` overrides per-question orders."""
     if not isinstance(questions, dict):
-        raise ValueError("questions: expected a dict of name -> definition, got %s" % type(questions).__name__)
+        raise ValueError(f"questions: expected a dict of name -> definition, got {type(questions).__name__}")
     if option_order is not None:
         if not isinstance(option_order, dict):
-            raise ValueError("option_order: expected a dict of question name -> permutation, got %s"
-                             % type(option_order).__name__)
+            raise ValueError(f"option_order: expected a dict of question name -> permutation, got {type(option_order).__name__}")
         unknown = [k for k in option_order if k not in questions]
         if unknown:
-            raise ValueError("option_order: names no question %r" % (unknown[0],))
+            raise ValueError(f"option_order: names no question {unknown[0]!r}")
     out = []
     for name, qdef in questions.items():
         if option_order is not None and name in option_order:
             if not isinstance(qdef, dict):
-                raise _fail(name, "type", "definition must be a dict, got %s" % type(qdef).__name__)
+                raise _fail(name, "type", f"definition must be a dict, got {type(qdef).__name__}")
             qdef = {**qdef, "option_order": option_order[name]}
         out.append(parse_question(name, qdef))
     return out
@@ -72,15 +71,15 @@ def parse_questions(questions: Any, option_order: dict[str, Any] | None = None) 
 
 def parse_question(name: Any, qdef: Any) -> Question:
     if not isinstance(name, str) or not name.strip():
-        raise ValueError("question name must be a non-empty string, got %r" % (name,))
+        raise ValueError(f"question name must be a non-empty string, got {name!r}")
     if not isinstance(qdef, dict):
-        raise ValueError("question %r: definition must be a dict, got %s" % (name, type(qdef).__name__))
+        raise ValueError(f"question {name!r}: definition must be a dict, got {type(qdef).__name__}")
     unknown = set(qdef) - {"type", "instructions", "criteria", "labels", "option_order"}
     if unknown:
         raise _fail(name, sorted(unknown)[0], "unknown field")
     qtype = qdef.get("type")
     if not isinstance(qtype, str) or qtype not in QTYPES:
-        raise _fail(name, "type", "unknown type %r; use one of %s" % (qtype, sorted(QTYPES)))
+        raise _fail(name, "type", f"unknown type {qtype!r}; use one of {sorted(QTYPES)}")
     instructions = _instructions(name, qdef)
     crit = qdef.get("criteria")
     if "labels" in qdef and qtype != "noul":
@@ -93,7 +92,7 @@ def parse_question(name: Any, qdef: Any) -> Question:
     else:
         keys, options = _noul(name, crit, qdef.get("labels"))
     if len(options) > MAX_OPTIONS:
-        raise _fail(name, "criteria", "%d options; at most %d are supported" % (len(options), MAX_OPTIONS))
+        raise _fail(name, "criteria", f"{len(options)} options; at most {MAX_OPTIONS} are supported")
     order = None
     if "option_order" in qdef:
         order = _order(name, qdef["option_order"], len(options))
@@ -105,7 +104,7 @@ def _instructions(name: str, qdef: dict) -> str:
         raise _fail(name, "instructions", "missing; give the text the model should answer")
     ins = qdef["instructions"]
     if isinstance(ins, bool) or not isinstance(ins, (str, dict, list, int, float)):
-        raise _fail(name, "instructions", "must be a string, got %s" % type(ins).__name__)
+        raise _fail(name, "instructions", f"must be a string, got {type(ins).__name__}")
     if isinstance(ins, str):
         if not ins.strip():
             raise _fail(name, "instructions", "must not be empty")
@@ -121,7 +120,7 @@ def _choice(name: str, crit: Any) -> tuple[list, list[str]]:
         for i, label in enumerate(crit):
             _check_label(name, i, label)
             if label in seen:
-                raise _fail(name, "criteria", "label %d (%r) duplicates label %d" % (i, label, seen[label]))
+                raise _fail(name, "criteria", f"label {i} ({label!r}) duplicates label {seen[label]}")
             seen[label] = i
         crit = {label: None for label in crit}
     if not isinstance(crit, dict):
@@ -130,31 +129,31 @@ def _choice(name: str, crit: Any) -> tuple[list, list[str]]:
         raise _fail(name, "criteria", "must not be empty")
     for i, label in enumerate(crit):
         _check_label(name, i, label)
-    options = [str(k) if v is None or v == "" else "%s: %s" % (k, render_criterion(v)) for k, v in crit.items()]
+    options = [str(k) if v is None or v == "" else f"{k}: {render_criterion(v)}" for k, v in crit.items()]
     return list(crit), options
 
 
 def _check_label(name: str, i: int, label: Any) -> None:
     if label is None or not isinstance(label, (str, int, float, bool)):
-        raise _fail(name, "criteria", "label %d must be a string or number, got %r" % (i, label))
+        raise _fail(name, "criteria", f"label {i} must be a string or number, got {label!r}")
     if isinstance(label, str) and not label.strip():
-        raise _fail(name, "criteria", "label %d is empty" % i)
+        raise _fail(name, "criteria", f"label {i} is empty")
 
 
 def _score(name: str, crit: Any) -> tuple[list, list[str], tuple[str, ...]]:
     if not isinstance(crit, list):
         raise _fail(name, "criteria", "a score takes a list of level descriptions, level 0 first")
     if len(crit) < 2:
-        raise _fail(name, "criteria", "a score needs at least 2 levels, got %d" % len(crit))
+        raise _fail(name, "criteria", f"a score needs at least 2 levels, got {len(crit)}")
     legend = []
     for i, level in enumerate(crit):
         if level is None or (isinstance(level, str) and not level.strip()):
-            raise _fail(name, "criteria", "level %d is empty" % i)
+            raise _fail(name, "criteria", f"level {i} is empty")
         text = render_criterion(level)
         if text in legend:
-            raise _fail(name, "criteria", "level %d duplicates level %d" % (i, legend.index(text)))
+            raise _fail(name, "criteria", f"level {i} duplicates level {legend.index(text)}")
         legend.append(text)
-    options = ["level %d: %s" % (i, text) for i, text in enumerate(legend)]
+    options = [f"level {i}: {text}" for i, text in enumerate(legend)]
     return list(range(len(crit))), options, tuple(legend)
 
 
@@ -165,7 +164,7 @@ def _noul(name: str, crit: Any, labels: Any) -> tuple[list, list[str]]:
         raise _fail(name, "criteria", "a noul takes a dict with optional 'false'/'true' descriptions")
     crit = {str(k).lower(): v for k, v in crit.items()}
     if not set(crit) <= {"false", "true"}:
-        raise _fail(name, "criteria", "a noul's criteria are keyed only 'false'/'true', got %s" % sorted(crit))
+        raise _fail(name, "criteria", f"a noul's criteria are keyed only 'false'/'true', got {sorted(crit)}")
     if labels is None:
         labels = {"false": "false", "true": "true"}
     if (not isinstance(labels, dict) or set(labels) != {"false", "true"}
@@ -176,7 +175,7 @@ def _noul(name: str, crit: Any, labels: Any) -> tuple[list, list[str]]:
     for key in ("false", "true"):
         text = crit.get(key)
         text = NOUL_DEFAULT_TEXT[key] if text in (None, "") else render_criterion(text)
-        options.append("%s: %s" % (labels[key].strip(), text))
+        options.append(f"{labels[key].strip()}: {text}")
     return ["false", "true"], options
 
 
@@ -185,5 +184,5 @@ def _order(name: str, order: Any, n: int) -> tuple[int, ...]:
           and all(isinstance(i, int) and not isinstance(i, bool) for i in order)
           and sorted(order) == list(range(n)))
     if not ok:
-        raise _fail(name, "option_order", "must be a permutation of range(%d), got %r" % (n, order))
+        raise _fail(name, "option_order", f"must be a permutation of range({n}), got {order!r}")
     return tuple(order)

@@ -30,7 +30,7 @@ class Budgets:
         for field in ("max_len", "head_max_len"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError("%s: must be a positive integer, got %r" % (field, value))
+                raise ValueError(f"{field}: must be a positive integer, got {value!r}")
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Row:
 
 def check_state(state: Any) -> None:
     if not isinstance(state, (str, dict, list)):
-        raise ValueError("state: must be a string, a dict or a list of chat turns, got %s" % type(state).__name__)
+        raise ValueError(f"state: must be a string, a dict or a list of chat turns, got {type(state).__name__}")
 
 
 def serialize_state(state: str | dict | list) -> str:
@@ -69,7 +69,7 @@ def serialize_state(state: str | dict | list) -> str:
 
 def encode_head(tok: LayaTokenizer, q: Question) -> tuple[list[int], list[list[int]]]:
     """Budget-independent token ids of a question: instruction ids and one id list per slot."""
-    texts = ["%s question: %s" % (q.type, q.instructions)] + [" " + q.options[i] for i in q.slots]
+    texts = [f"{q.type} question: {q.instructions}"] + [" " + q.options[i] for i in q.slots]
     ids = tok.encode(texts)
     return ids[0], [o[:OPTION_MAX_TOKENS] for o in ids[1:]]
 
@@ -97,9 +97,9 @@ def build_row(tok: LayaTokenizer, q: Question, head: tuple[list[int], list[list[
     surviving = [m for m in markers if m < budgets.max_len]
     if len(surviving) != len(markers):
         raise ValueError(
-            "question %r: field 'max_len': only %d of its %d option markers fit in max_len=%d with "
-            "head_max_len=%d; raise max_len, lower head_max_len or use fewer options"
-            % (q.name, len(surviving), len(markers), budgets.max_len, budgets.head_max_len))
+            f"question {q.name!r}: field 'max_len': only {len(surviving)} of its {len(markers)} option markers "
+            f"fit in max_len={budgets.max_len} with head_max_len={budgets.head_max_len}; raise max_len, "
+            "lower head_max_len or use fewer options")
     return Row(q.name, ids, markers, q.qtype, q.keys, len(opts), len({tuple(o) for o in opts}), per_option,
                len(state_ids), len(kept))
 

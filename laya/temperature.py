@@ -41,7 +41,7 @@ def _rejected(raw: Any, applied: float) -> bool:
 
 def bucket(qtype: int, k: int) -> str:
     size = "2" if k <= 2 else "3-5" if k <= 5 else "6-10" if k <= 10 else "11+"
-    return "%s:%s" % (QTYPE_NAMES[qtype], size)
+    return f"{QTYPE_NAMES[qtype]}:{size}"
 
 
 @dataclass
@@ -53,12 +53,12 @@ class Temperatures:
     def from_config(cls, temperature: list[Any], by_options: dict[str, Any]) -> Temperatures:
         out = cls([clamp_temperature(t) for t in temperature],
                   {k: clamp_temperature(v) for k, v in by_options.items()})
-        entries = [("temperature[%d]" % i, raw, out.by_type[i]) for i, raw in enumerate(temperature)]
+        entries = [(f"temperature[{i}]", raw, out.by_type[i]) for i, raw in enumerate(temperature)]
         entries += [(k, raw, out.by_options[k]) for k, raw in by_options.items()]
-        bad = ["%s=%r -> %g" % (name, raw, applied) for name, raw, applied in entries if _rejected(raw, applied)]
+        bad = [f"{name}={raw!r} -> {applied:g}" for name, raw, applied in entries if _rejected(raw, applied)]
         if bad:
-            warnings.warn("laya: checkpoint temperatures outside [%g, %g] or not numbers; applying %s"
-                          % (TEMP_MIN, TEMP_MAX, ", ".join(bad)), RuntimeWarning, stacklevel=3)
+            warnings.warn(f"laya: checkpoint temperatures outside [{TEMP_MIN:g}, {TEMP_MAX:g}] or not numbers; "
+                          "applying " + ", ".join(bad), RuntimeWarning, stacklevel=3)
         return out
 
     def lookup(self, qtype: int, k: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -39,6 +40,19 @@ CORPUS = [
 
 def train_tokenizer(vocab_size: int = 512) -> LayaTokenizer:
     """A byte-level BPE tokenizer (ModernBERT's family) trained on CORPUS."""
+    from tokenizers import Tokenizer
+
+    return LayaTokenizer.from_tokenizer(Tokenizer.from_str(_tokenizer_json(vocab_size)), dict(TOKENIZER_CONFIG))
+
+
+TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
+                    "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]", "pad_token": "[PAD]",
+                    "unk_token": "[UNK]"}
+
+
+@lru_cache(maxsize=4)
+def _tokenizer_json(vocab_size: int) -> str:
+    """Trained once per process: several test fixtures share one vocabulary."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -47,10 +61,7 @@ def train_tokenizer(vocab_size: int = 512) -> LayaTokenizer:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
-              "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]", "pad_token": "[PAD]",
-              "unk_token": "[UNK]"}
-    return LayaTokenizer.from_tokenizer(tok, config)
+    return tok.to_str()
 
 
 def encoder_config(arch: str, vocab_size: int, hidden: int, layers: int, pad_id: int, cls_id: int,
@@ -67,14 +78,14 @@ def encoder_config(arch: str, vocab_size: int, hidden: int, layers: int, pad_id:
         return BertConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
                           num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
                           max_position_embeddings=1024, pad_token_id=pad_id)
-    raise ValueError("arch: expected 'modernbert' or 'bert', got %r" % (arch,))
+    raise ValueError(f"arch: expected 'modernbert' or 'bert', got {arch!r}")
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:
     """Overwrite every parameter with draws that depend only on (seed, name, shape)."""
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            digest = hashlib.sha256(("%d:%s" % (seed, name)).encode()).digest()
+            digest = hashlib.sha256((f"{seed}:{name}").encode()).digest()
             gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
             noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
             if param.dim() >= 2:
@@ -103,7 +114,7 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "modernbert", seed: in
         extra["max_len"] = max_len
     if head_max_len is not None:
         extra["head_max_len"] = head_max_len
-    config = LayaConfig(encoder="random-%s" % arch, head_layers=head_layers,
+    config = LayaConfig(encoder=f"random-{arch}", head_layers=head_layers,
                         act_costs={"ask": 0.1, "escalate": 0.3} if act_costs is None else act_costs,
                         temperature=[1.3, 0.8, 2.0] if temperature is None else temperature,
                         temperature_by_options=({"choice:3-5": 1.7, "score:3-5": 0.9}

@@ -33,7 +33,7 @@ class LayaTokenizer:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             files[name] = os.path.join(path, name)
             if not os.path.isfile(files[name]):
-                raise FileNotFoundError("checkpoint is missing tokenizer/%s (looked for %s)" % (name, files[name]))
+                raise FileNotFoundError(f"checkpoint is missing tokenizer/{name} (looked for {files[name]})")
         tok = Tokenizer.from_file(files["tokenizer.json"])
         with open(files["tokenizer_config.json"], encoding="utf-8") as f:
             config = json.load(f)
@@ -49,10 +49,10 @@ class LayaTokenizer:
             if isinstance(text, dict):
                 text = text.get("content")
             if not isinstance(text, str):
-                raise ValueError("tokenizer/tokenizer_config.json: %s is missing" % field)
+                raise ValueError(f"tokenizer/tokenizer_config.json: {field} is missing")
             token_id = tok.token_to_id(text)
             if token_id is None:
-                raise ValueError("tokenizer/tokenizer_config.json: %s %r is not in the vocabulary" % (field, text))
+                raise ValueError(f"tokenizer/tokenizer_config.json: {field} {text!r} is not in the vocabulary")
             ids[field] = (text, token_id)
         return cls(tok, config, ids["cls_token"][1], ids["sep_token"][1], ids["mask_token"][1],
                    ids["pad_token"][1], ids["mask_token"][0])
