@@ -1,0 +1,97 @@
+"""`pagoda distill` and `pagoda bench distill`.
+
+Registering only adds parsers; torch, datasets and onnxruntime load inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def register(commands: Any, bench: Any) -> None:
+    p = commands.add_parser("distill", help="distil a Laya teacher into a small ONNX student for a task file",
+                            description="label -> train -> calibrate -> export -> report; rerun the same "
+                                        "command to resume after an interruption.")
+    p.add_argument("--teacher", required=True, help="Laya checkpoint folder, or 'default' for the embedded laya-mini")
+    p.add_argument("--task", required=True, help="task YAML (questions, text field, budgets, student kind and size)")
+    p.add_argument("--data", required=True, help="corpus: .jsonl, .json, .csv or .parquet with the task's text field")
+    p.add_argument("--out", required=True, help="student folder to write (also holds labels and work files)")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="label only shard I of N (chunks c with c %% N == I) and stop; merge labels/ folders, rerun")
+    p.add_argument("--restart-from", default=None, choices=("label", "train", "calibrate", "export", "report"),
+                   help="discard this stage's output and everything after it, then run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs)")
+    p.set_defaults(func=_distill)
+
+    b = bench.add_parser("distill", help="per-state latency of a student (int8, fp32, linear baseline) vs its teacher")
+    b.add_argument("--student", required=True, help="student folder written by `pagoda distill`")
+    b.add_argument("--teacher", default=None,
+                   help="Laya checkpoint to time as the baseline ('default': laya-mini; omitted: the student's "
+                        "recorded teacher if it exists, else the int8 student is the baseline)")
+    b.add_argument("--data", default=None, help="states to time (.jsonl with the task's text field); default: "
+                                                "64 synthetic support tickets")
+    b.add_argument("--singles", type=int, default=200, help="timed batch-1 calls per configuration")
+    b.set_defaults(func=_bench)
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from distill.pipeline import distill
+
+    out = distill(args.task, args.teacher, args.data, args.out, shard=args.shard, restart_from=args.restart_from,
+                  progress=not args.no_progress)
+    return 0 if out is not None or args.shard else 1
+
+
+def _states(args: argparse.Namespace, text_field: str) -> list[str]:
+    if args.data:
+        from distill.runtime import state_text
+
+        with open(args.data, encoding="utf-8") as f:
+            return [state_text(json.loads(line)[text_field]) for line in f if line.strip()][:256]
+    from laya.corpus import tickets
+
+    return [t["text"] for t in tickets.generate(64, seed=7)]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from distill.latency import student_latency, teacher_latency
+    from distill.runtime import Student
+
+    path = Path(args.student)
+    student = Student(path)
+    states = _states(args, "text")
+    cores = os.cpu_count() or 1
+    rows: dict[str, dict[str, dict[str, float]]] = {}
+    precisions = list(student.meta["models"])
+    for precision in precisions:
+        rows[f"{student.kind} {precision}"] = {
+            "1 thread": student_latency(path, 1, precision, states, singles=args.singles),
+            f"{cores} threads": student_latency(path, cores, precision, states, singles=args.singles)}
+    baseline = path / "baseline-linear"
+    if (baseline / "student.json").is_file():
+        rows["linear"] = {"1 thread": student_latency(baseline, 1, None, states, singles=args.singles),
+                          f"{cores} threads": student_latency(baseline, cores, None, states, singles=args.singles)}
+    teacher = args.teacher or student.meta["provenance"].get("teacher")
+    if teacher and (teacher == "default" or (Path(teacher) / "rl_agent_config.json").is_file()):
+        import laya
+
+        agent = laya.load(None if teacher == "default" else teacher)
+        budgets = student.meta["budgets"]["teacher"]
+        rows["teacher"] = {"1 thread": teacher_latency(agent, student.questions, 1, states, budgets,
+                                                       singles=max(10, args.singles // 10), batches=2),
+                           f"{cores} threads": teacher_latency(agent, student.questions, cores, states, budgets,
+                                                               singles=max(10, args.singles // 10), batches=2)}
+    base_name = "teacher" if "teacher" in rows else next(iter(rows))
+    print(f"states: {len(states)}; ms per state; ratio = baseline ({base_name}) time / this time, same process, "
+          "same thread count (shared machine: absolute numbers are noisy, ratios less so)")
+    print(f"{'model':<14} {'threads':<10} {'b1 p50':>8} {'b1 p99':>8} {'b32 p50':>8} {'x b1':>7} {'x b32':>7}")
+    for name, by_threads in rows.items():
+        for tname, lat in by_threads.items():
+            base = rows[base_name][tname]
+            print(f"{name:<14} {tname:<10} {lat['b1_p50']:8.2f} {lat['b1_p99']:8.2f} {lat['b32_p50']:8.2f} "
+                  f"{base['b1_p50'] / lat['b1_p50']:6.1f}x {base['b32_p50'] / lat['b32_p50']:6.1f}x")
+    return 0
