@@ -177,6 +177,9 @@ class Batcher:
                     self._queue.popleft()
                     batch.append(entry)
                     rows, width = new_rows, new_width
+                    if rows >= limits.max_questions:
+                        full = True
+                        break
                 if full or not limits.batching or self._stopping or not batch:
                     break
                 now = time.monotonic()
@@ -188,6 +191,9 @@ class Batcher:
             return batch
 
     def _execute(self, batch: list[_Entry]) -> None:
+        batch = [e for e in batch if not e.ticket.abandoned]  # gave up while the batch was collecting
+        if not batch:
+            return
         start = time.monotonic()
         for entry in batch:
             entry.ticket._start(start)

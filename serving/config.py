@@ -62,6 +62,9 @@ class ServeConfig:
             raise ValueError(f"{_where('request_timeout_s')} must be positive, got {self.request_timeout_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"{_where('port')} must be in 0..65535, got {self.port}")
+        if self.max_queue < self.max_states:
+            raise ValueError(f"{_where('max_queue')} ({self.max_queue}) must be at least {_where('max_states')} "
+                             f"({self.max_states}), or a full batch request could never be queued")
         if self.model and self.student:
             raise ValueError("give either --model or --student, not both")
 

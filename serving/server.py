@@ -12,6 +12,7 @@ the whole server with the reason in the log instead of serving 503s forever.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 
@@ -34,7 +35,7 @@ class GunicornServer(BaseApplication):
             "workers": cfg.workers,
             "worker_class": "gthread",
             "threads": cfg.threads,
-            "graceful_timeout": cfg.graceful_timeout_s,
+            "graceful_timeout": math.ceil(cfg.graceful_timeout_s),
             # The heartbeat runs on the worker's main loop, never blocked by the model thread; a long
             # timeout only matters while a worker imports torch and loads the model.
             "timeout": max(120, int(cfg.request_timeout_s * 2)),
@@ -66,7 +67,7 @@ class GunicornServer(BaseApplication):
 
 def _announce(server) -> None:
     for listener in server.LISTENERS:
-        server.log.warning("pagoda serving on http://%s (pid %d)", listener, os.getpid())
+        server.log.warning("pagoda serving on %s (pid %d)", listener, os.getpid())
 
 
 def serve(cfg: ServeConfig) -> None:

@@ -1,0 +1,54 @@
+"""Real `pagoda serve` processes on ephemeral loopback ports, launched together once per session.
+
+Importing torch and loading the model dominates a server's start, so both servers the suite needs boot
+in parallel (and the in-process reference agent loads meanwhile); each test waits only for its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from serving_support import API_KEY, REPO, TINY_BERT, ServerProcess
+
+
+@pytest.fixture(scope="session")
+def billing_questions() -> dict:
+    """The billing scenario's three questions, as the shipped support-triage preset holds them."""
+    return yaml.safe_load((REPO / "serving/presets.yaml").read_text())["support-triage"]
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("serve-logs")
+    model = ["--model", str(TINY_BERT)]
+    procs = {
+        # default limits and the example policy; BERT's 1024 positions make max_len 2000 a real model failure
+        "main": ServerProcess(logs / "main.log", [*model, "--policy", str(REPO / "serving/policy.example.yaml"),
+                                                  "--max-wait-ms", "5"]),
+        # auth on, a 2-state queue, a 1 s deadline; a batch runs once 3 question rows arrive (or after 3 s)
+        "guarded": ServerProcess(logs / "guarded.log", [*model, "--max-queue", "2", "--max-states", "2",
+                                                        "--max-batch-questions", "3", "--max-wait-ms", "3000",
+                                                        "--request-timeout-s", "1.0"],
+                                 env={"PAGODA_API_KEY": API_KEY}),
+    }
+    yield procs
+    for proc in procs.values():
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def agent():
+    """The same checkpoint in-process: the reference every served answer must equal."""
+    import laya
+
+    return laya.load(TINY_BERT)
+
+
+@pytest.fixture
+def server(servers, agent):
+    return servers["main"].running()
+
+
+@pytest.fixture
+def guarded(servers, agent):
+    return servers["guarded"].running(headers={"Authorization": f"Bearer {API_KEY}"})

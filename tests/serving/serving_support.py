@@ -1,0 +1,81 @@
+"""Shared by the serving tests: a real `pagoda serve` subprocess on an ephemeral loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+# Committed by the Laya core tests: a tiny random BERT checkpoint (1024 positions) in the official layout.
+TINY_BERT = REPO / "tests/fixtures/laya/bert-tiny"
+BILLING_STATE = "Hi, we were billed twice for March. Please refund the duplicate today or we will cancel our plan."
+API_KEY = "s3cret-test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`pagoda serve FLAGS` as a subprocess; `running()` (re)starts it, so a test may stop it for good."""
+
+    def __init__(self, log_path: Path, flags: list[str], env: dict[str, str] | None = None):
+        self.flags = flags
+        self.log_path = log_path
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PAGODA_")}
+        self.env.update({"HF_HUB_OFFLINE": "1", "PAGODA_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
+                         "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+        self.proc: subprocess.Popen | None = None
+        self._ready = False
+        self.start()
+
+    def start(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             *self.flags], cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._ready = False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def running(self, timeout: float = 240.0, headers: dict | None = None) -> ServerProcess:
+        if self.proc.poll() is not None and self._ready:
+            self.start()  # a test stopped it on purpose
+        if self._ready:
+            return self
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if requests.get(self.url + "/ready", headers=headers, timeout=5).status_code == 200:
+                    self._ready = True
+                    return self
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            time.sleep(0.25)
+        pytest.fail(f"server not ready after {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

@@ -1,0 +1,41 @@
+"""SIGTERM: stop accepting, finish in-flight requests, exit 0. Stops the main server (the next user restarts it)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import requests
+from serving_support import BILLING_STATE
+
+
+def test_sigterm_finishes_in_flight_requests(server, agent, billing_questions):
+    # long states at max_len 1000 keep the model busy for a while, so SIGTERM lands mid-flight
+    states = [f"in flight {i}: " + BILLING_STATE * 30 for i in range(6)]
+    results: dict[int, requests.Response] = {}
+    finished: dict[int, float] = {}
+
+    def call(i: int) -> None:
+        results[i] = requests.post(server.url + "/decide", timeout=60, json={
+            "state": states[i], "questions": billing_questions, "max_len": 1000})
+        finished[i] = time.monotonic()
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(states))]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # let the requests reach the server, then stop it while they run
+    server.proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    for t in threads:
+        t.join(60)
+    assert server.proc.wait(timeout=60) == 0
+    for i, r in results.items():
+        assert r.status_code == 200, r.text
+        assert r.json()["answers"] == agent.predict(states[i], billing_questions, max_len=1000)["answers"]
+    assert max(finished.values()) > signalled  # some answers really were delivered after SIGTERM
+    try:
+        requests.get(server.url + "/health", timeout=5)
+        raise AssertionError("the server still accepts connections after SIGTERM")
+    except requests.ConnectionError:
+        pass
