@@ -221,7 +221,7 @@ class Scheduler:
             seq.admissions += 1
             seq.status = Status.RUNNING
             self.running.append(seq)
-            if n == 1:
+            if need == 1:
                 plan.decode.append(seq)
             else:
                 plan.prefill.append((seq, n))

@@ -1,0 +1,130 @@
+"""`pagoda bench generate`: the engine against transformers `generate`, same weights, dtype and threads.
+
+Three measurements, each printed as a ratio against the baseline run in the same process (timings on a
+shared machine are noisy; ratios are what to compare across runs):
+  (a) N requests sharing a long system prompt, batched: engine vs HF batched generate with left padding;
+  (b) single-stream decode tokens/s;
+  (c) time to first token of a repeated long prompt, warm (cached) vs cold.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+SYSTEM_SENTENCE = (
+    "You are the support assistant of a company that rents bicycles in twelve cities. Answer briefly, "
+    "politely and precisely, cite the relevant policy section, never invent prices, and ask one clarifying "
+    "question when a request is ambiguous. "
+)
+QUESTIONS = [
+    "How do I unlock a bike?", "Can I return a bike in another city?", "What happens if I lose the key?",
+    "Is a helmet included?", "How are late returns charged?", "Can children ride?", "Do you have e-bikes?",
+    "How do I report a flat tyre?", "Can I reserve a bike for tomorrow?", "What payment methods work?",
+    "Is there a student discount?", "How long can I keep a bike?", "What if it rains?", "Are pets allowed?",
+    "How do I cancel a reservation?", "Where is the nearest station?",
+]
+
+
+def hf_reference(model_path: Path, dtype: Any):
+    """transformers' LlamaForCausalLM on the same weights (a GGUF is dequantised by transformers itself)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if model_path.is_dir():
+        return LlamaForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    cfg = load_gguf_checkpoint(str(model_path), return_tensors=False)["config"]
+    cfg.pop("model_type", None)
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(LlamaConfig(**cfg))
+    tensors = load_gguf_checkpoint(str(model_path), return_tensors=True, model_to_load=meta)["tensors"]
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    model.load_state_dict(tensors, strict=False)
+    model.tie_weights()
+    return model.to(dtype).eval()
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_tokens: int = 32,
+        decode_tokens: int = 128, ttft_tokens: int = 1000, threads: int | None = None, dtype: str = "float32",
+        parts: str = "abc", device: str = "cpu") -> dict[str, float]:
+    import torch
+
+    from generation import Engine, EngineConfig, SamplingParams
+    from generation.weights import default_model_path
+
+    if threads:
+        torch.set_num_threads(threads)
+    path = Path(model) if model else default_model_path()
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    print(f"model={path.name} dtype={dtype} threads={torch.get_num_threads()} device={device}")
+    hf = hf_reference(path, tdtype).to(device)
+    hf.generation_config.eos_token_id = None
+
+    def engine(**kw: Any) -> Engine:
+        return Engine(EngineConfig(model=str(path), dtype=dtype, device=device, num_threads=threads, **kw))
+
+    eng = engine(cache_backend="radix")
+    tok = eng.tokenizer
+    results: dict[str, float] = {}
+
+    def hf_generate(batch: list[list[int]], n: int) -> tuple[list[list[int]], float]:
+        width = max(len(b) for b in batch)
+        ids = torch.tensor([[0] * (width - len(b)) + b for b in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=device)
+        with torch.inference_mode():
+            out, secs = _timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0))
+        return [row[width:].tolist() for row in out], secs
+
+    greedy = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    if "a" in parts:
+        system = SYSTEM_SENTENCE
+        while len(tok.encode(system)) < prefix_tokens:
+            system += SYSTEM_SENTENCE
+        prompts = [tok.encode(eng.apply_chat_template([{"role": "system", "content": system},
+                                                      {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + f" (ticket {i})"}]))
+                   for i in range(requests)]
+        ref, hf_s = hf_generate(prompts, new_tokens)
+        outs, eng_s = _timed(lambda: eng.generate(prompts, greedy))
+        same = sum(o.token_ids == r for o, r in zip(outs, ref))
+        st = eng.stats()
+        print(f"(a) {requests} requests x {new_tokens} new tokens, shared prefix {len(prompts[0]) - 20}+ tokens: "
+              f"HF {requests * new_tokens / hf_s:.1f} tok/s, engine {requests * new_tokens / eng_s:.1f} tok/s, "
+              f"speedup x{hf_s / eng_s:.2f} (target >= 3); greedy identical {same}/{requests}; "
+              f"prefill_skip_ratio {st['prefill_skip_ratio']:.2f}, decode_batch_factor {st['decode_batch_factor']:.1f}")
+        results.update(shared_prefix_speedup=hf_s / eng_s, shared_prefix_identical=same / requests)
+    if "b" in parts:
+        prompt = tok.encode(eng.apply_chat_template([{"role": "user", "content": "Write a short story about a lighthouse."}]))
+        single = SamplingParams(max_new_tokens=decode_tokens, ignore_eos=True)
+        hf_generate([prompt], 4)  # warm both paths up
+        eng.generate([prompt[:-1]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+        (ref,), hf_s = hf_generate([prompt], decode_tokens)
+        eng2 = engine(cache_backend="none")
+        eng2.generate([prompt], SamplingParams(max_new_tokens=2, ignore_eos=True))
+        (out,), eng_s = _timed(lambda: eng2.generate([prompt], single))
+        print(f"(b) single stream, {decode_tokens} tokens: HF {decode_tokens / hf_s:.1f} tok/s, engine "
+              f"{decode_tokens / eng_s:.1f} tok/s, ratio x{hf_s / eng_s:.2f} (target >= 1.0); "
+              f"greedy identical {out.token_ids == ref}")
+        results.update(single_stream_ratio=hf_s / eng_s)
+    if "c" in parts:
+        text = SYSTEM_SENTENCE
+        while len(tok.encode(text)) < ttft_tokens:
+            text += SYSTEM_SENTENCE + f"Rule {len(text) % 97}. "
+        ids = tok.encode(text)[:ttft_tokens]
+        eng3 = engine(cache_backend="radix")
+        one = SamplingParams(max_new_tokens=1, ignore_eos=True)
+        eng3.generate([ids[:8]], one)  # warm-up outside the timed region
+        _, cold = _timed(lambda: eng3.generate([ids], one))
+        _, warm = _timed(lambda: eng3.generate([ids], one))
+        print(f"(c) TTFT of a repeated {len(ids)}-token prompt: cold {cold * 1000:.0f} ms, warm {warm * 1000:.0f} ms, "
+              f"warm/cold {warm / cold:.3f} (target <= 0.10)")
+        results.update(ttft_warm_over_cold=warm / cold)
+    return results

@@ -1,0 +1,81 @@
+"""`pagoda generate` and `pagoda bench generate`. Registering imports nothing heavy; handlers do."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--cache-backend", default="radix", choices=["radix", "apc", "none"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def register(commands, bench) -> None:
+    p = commands.add_parser("generate", help="generate text with the bundled engine; --repeat shows prefix caching pay off")
+    p.add_argument("-p", "--prompt", required=True, help="prompt text (a chat turn unless --raw)")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as-is, without the chat template")
+    p.add_argument("--repeat", type=int, default=1, help="run the same prompt N times (later runs hit the cache)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stream", action="store_true", help="print tokens as they come")
+    _engine_args(p)
+    p.set_defaults(func=_generate)
+
+    b = bench.add_parser("generate", help="engine vs transformers generate: shared prefix, single stream, warm TTFT")
+    _engine_args(b)
+    b.add_argument("--requests", type=int, default=32)
+    b.add_argument("--prefix-tokens", type=int, default=300)
+    b.add_argument("--new-tokens", type=int, default=32)
+    b.add_argument("--decode-tokens", type=int, default=128)
+    b.add_argument("--ttft-tokens", type=int, default=1000)
+    b.add_argument("--parts", default="abc", help="subset of a (shared prefix), b (single stream), c (warm TTFT)")
+    b.set_defaults(func=_bench)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from generation import Engine, EngineConfig, SamplingParams
+
+    if args.repeat < 1:
+        raise SystemExit("--repeat: must be >= 1")
+    engine = Engine(EngineConfig(model=args.model, cache_backend=args.cache_backend, device=args.device,
+                                 dtype=args.dtype, num_threads=args.threads))
+    prompt = args.prompt if args.raw else engine.apply_chat_template([{"role": "user", "content": args.prompt}])
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)
+    for run in range(1, args.repeat + 1):
+        start = time.perf_counter()
+        first = None
+        if args.stream:
+            for event in engine.stream(prompt, params):
+                first = first or time.perf_counter()
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            print()
+            out = None
+        else:
+            (out,) = engine.generate(prompt, params)
+            print(out.text)
+        secs = time.perf_counter() - start
+        st = engine.stats()
+        cached = out.cached_tokens if out else st["compute_saved_tokens"]
+        ttft = f", first token {1000 * (first - start):.0f} ms" if first else ""
+        print(f"[run {run}/{args.repeat}] {secs * 1000:.0f} ms{ttft}; cached prompt tokens {cached}; "
+              f"compute_saved_tokens {st['compute_saved_tokens']}, prefill_skip_ratio {st['prefill_skip_ratio']:.2f}, "
+              f"kv_utilization {st['kv_utilization']:.3f}", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from generation.bench import run
+
+    run(args.model, requests=args.requests, prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,
+        decode_tokens=args.decode_tokens, ttft_tokens=args.ttft_tokens, threads=args.threads, dtype=args.dtype,
+        parts=args.parts, device=args.device)
+    return 0
