@@ -1,0 +1,184 @@
+"""Sampling controls, streaming, checkpoints, sessions and input validation on a tiny real model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from generation import Engine, EngineConfig, SamplingParams
+from tests.generation.conftest import hf_greedy
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    return Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=256, max_num_batched_tokens=32))
+
+
+def no_leak(engine: Engine) -> bool:
+    return engine.blocks.num_free + engine.cache.num_cached_blocks == engine.blocks.num_blocks
+
+
+def test_seed_gives_same_tokens_whatever_shares_the_batch(engine):
+    p = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=50, top_p=0.9, min_p=0.01, seed=7, ignore_eos=True)
+    alone = engine.generate("the quick brown fox", p)[0].token_ids
+    others = SamplingParams(max_new_tokens=20, temperature=1.2, seed=3, ignore_eos=True)
+    batch = engine.generate(["a radix tree", "the quick brown fox", "hello world"], [others, p, others])
+    assert batch[1].token_ids == alone
+    different = engine.generate("the quick brown fox", SamplingParams(**{**p.__dict__, "seed": 8}))[0].token_ids
+    assert different != alone
+
+
+def test_top_k_one_is_greedy(engine):
+    greedy = engine.generate("paged attention", SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+    topk = engine.generate("paged attention", SamplingParams(max_new_tokens=8, temperature=1.5, top_k=1,
+                                                             ignore_eos=True))[0]
+    assert topk.token_ids == greedy.token_ids
+
+
+def test_stop_string_across_tokens_is_trimmed(engine):
+    full = engine.generate("hello", SamplingParams(max_new_tokens=16, ignore_eos=True))[0]
+    assert len(full.text) > 6
+    stop = full.text[3:6]  # three characters that very likely straddle a token boundary somewhere
+    out = engine.generate("hello", SamplingParams(max_new_tokens=16, stop=[stop], ignore_eos=True))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.find(stop)]
+    assert stop not in out.text
+
+
+def test_stop_token_ids_max_new_tokens_and_eos(engine, tiny_llama):
+    full = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+    out = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8, stop_token_ids=[full.token_ids[2]], ignore_eos=True))[0]
+    assert out.token_ids == full.token_ids[: full.token_ids.index(full.token_ids[2]) + 1]
+    assert out.finish_reason == "stop"
+    assert len(full.token_ids) == 8 and full.finish_reason == "length"
+    engine.eos_ids.add(full.token_ids[1])
+    try:
+        stopped = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8))[0]
+    finally:
+        engine.eos_ids.discard(full.token_ids[1])
+    assert stopped.finish_reason == "stop" and stopped.token_ids == full.token_ids[:2]
+
+
+def test_logprobs_of_chosen_and_top_tokens(engine):
+    out = engine.generate("numbers", SamplingParams(max_new_tokens=4, logprobs=3, ignore_eos=True))[0]
+    assert len(out.logprobs) == 4
+    for tok, rec in zip(out.token_ids, out.logprobs):
+        assert rec["token_id"] == tok and rec["logprob"] <= 0
+        assert rec["top"][0][0] == tok  # greedy picks the most likely token
+        assert len(rec["top"]) == 3 and sum(math.exp(v) for _, v in rec["top"]) <= 1 + 1e-5
+
+
+def test_penalties_change_the_distribution(engine):
+    base = engine.generate("the the the", SamplingParams(max_new_tokens=12, ignore_eos=True))[0].token_ids
+    pen = engine.generate("the the the", SamplingParams(max_new_tokens=12, frequency_penalty=2.0,
+                                                        presence_penalty=2.0, ignore_eos=True))[0].token_ids
+    assert pen != base
+    assert max(pen.count(t) for t in set(pen)) <= max(base.count(t) for t in set(base))
+
+
+def test_stream_yields_the_same_tokens_and_text(engine):
+    p = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    ref = engine.generate(["hello world", "a radix"], p)
+    events = list(engine.stream(["hello world", "a radix"], p))
+    for i, out in enumerate(ref):
+        mine = [e for e in events if e.index == i]
+        assert [e.token_id for e in mine] == out.token_ids
+        assert "".join(e.text for e in mine) == out.text
+        assert mine[-1].finish_reason == "length" and all(e.finish_reason is None for e in mine[:-1])
+
+
+def test_checkpoint_pins_prefix_and_branches_hit_fully(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=48, max_num_batched_tokens=64))
+    prefix = list(range(10, 33))  # 23 tokens: the last block is partial, so branches copy it before writing
+    cid = engine.checkpoint(prefix)
+    suffixes = [[40], [41, 42, 43], [44] * 9]
+    ref = hf_greedy(tiny_llama, [prefix + s for s in suffixes], 6)
+    outs = engine.generate(suffixes, SamplingParams(max_new_tokens=6, ignore_eos=True), checkpoint=cid)
+    assert [o.token_ids for o in outs] == ref
+    assert all(o.cached_tokens == len(prefix) for o in outs)
+    # flood the pool so everything unpinned gets evicted; the checkpoint must survive
+    engine.generate([[50 + i] * 40 for i in range(5)], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert engine.stats()["evictions"] > 0
+    again = engine.generate([[40]], SamplingParams(max_new_tokens=6, ignore_eos=True), checkpoint=cid)[0]
+    assert again.token_ids == ref[0] and again.cached_tokens == len(prefix)
+    # the whole prefix as prompt: its last token is recomputed into the shared partial block (copy-on-write)
+    whole = engine.generate([[]], SamplingParams(max_new_tokens=4, ignore_eos=True), checkpoint=cid)[0]
+    assert whole.token_ids == hf_greedy(tiny_llama, [prefix], 4)[0] and whole.cached_tokens == len(prefix) - 1
+    engine.release(cid)
+    with pytest.raises(ValueError, match="checkpoint"):
+        engine.generate([[1]], checkpoint=cid)
+    engine.cache.evict(engine.blocks.num_blocks)
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_session_feeds_only_new_tokens(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=128, cache_backend="none"))
+    turns = [[11, 12, 13, 14, 15], [20, 21], [30, 31, 32]]
+    history: list[int] = []
+    with engine.session() as chat:
+        for turn in turns:
+            out = chat.send(turn, SamplingParams(max_new_tokens=5, ignore_eos=True))
+            assert out.cached_tokens == max(0, len(history) - 1)  # all but the reply's last token were resident
+            assert out.token_ids == hf_greedy(tiny_llama, [history + turn], 5)[0]
+            history += turn + out.token_ids
+        assert chat.token_ids == history
+    assert engine.blocks.num_free == engine.blocks.num_blocks  # "none" backend: closing frees everything
+
+
+def test_follow_up_turn_reuses_the_answer(engine):
+    first = engine.generate([7] * 12, SamplingParams(max_new_tokens=9, ignore_eos=True))[0]
+    follow = engine.generate([[7] * 12 + first.token_ids + [8, 9]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+    assert follow.cached_tokens >= 16  # prompt and most of the answer came from the cache
+    assert no_leak(engine)
+
+
+def test_chat_template_and_text_prompts(engine):
+    text = engine.apply_chat_template([{"role": "user", "content": "hello"}])
+    assert text.startswith("<|im_start|>user\nhello<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+    out = engine.generate(text, SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
+    assert out.prompt_token_ids[0] == engine.tokenizer.token_id("<|im_start|>")
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(cache_backend="lru"), "cache_backend"), (dict(policy="random"), "policy"),
+    (dict(block_size=0), "block_size"), (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+])
+def test_engine_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+        EngineConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(top_p=0), "top_p"), (dict(temperature=-1), "temperature"), (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(logprobs=50), "logprobs"), (dict(stop=[""]), "stop"), (dict(min_p=1.0), "min_p"),
+])
+def test_sampling_params_errors_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts_are_rejected(engine):
+    with pytest.raises(ValueError, match="prompt"):
+        engine.generate([[10**6]])
+    with pytest.raises(ValueError, match="prompt"):
+        engine.generate([""])
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate([[5] * 2000])
+    with pytest.raises(ValueError, match="params"):
+        engine.generate(["a", "b"], [SamplingParams()])
+    assert no_leak(engine)
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_cache_aware_policies_keep_outputs(tiny_llama, policy):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=128, policy=policy,
+                                 max_num_seqs=2, max_num_batched_tokens=16))
+    shared = list(range(40, 60))
+    engine.generate([shared + [1]], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    prompts = [[90 + i] * 7 for i in range(3)] + [shared + [i + 2] for i in range(3)]
+    ref = hf_greedy(tiny_llama, prompts, 4)
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert [o.token_ids for o in outs] == ref
+    # the cache-aware order ran the prefix-sharing requests first, while their prefix was resident
+    assert [o.cached_tokens for o in outs[3:]] == [20, 20, 20]
