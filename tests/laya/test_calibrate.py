@@ -1,0 +1,86 @@
+"""Temperature fitting, calibration measures, and `pagoda calibrate` end to end on a tiny checkpoint."""
+
+import json
+
+import numpy as np
+import pytest
+
+import laya
+from laya.calibrate import calibrate, fit_temperature, fit_temperatures
+from laya.reliability import Record, ece, metrics, option_bucket, softmax
+
+
+def _synthetic(n, k, true_t, qtype=0, seed=0):
+    """Logits whose labels are drawn from softmax(logits / true_t): the right temperature is true_t."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        z = rng.normal(0, 3, k)
+        y = rng.choice(k, p=softmax(z, true_t))
+        out.append(Record(z, np.eye(k)[y], qtype))
+    return out
+
+
+def test_fit_recovers_the_generating_temperature():
+    for true_t in (0.7, 2.5):
+        assert fit_temperature(_synthetic(3000, 4, true_t)) == pytest.approx(true_t, rel=0.12)
+
+
+def test_buckets_need_min_examples_and_types_fall_back():
+    recs = _synthetic(200, 3, 2.0, qtype=0) + _synthetic(9, 7, 2.0, qtype=0, seed=1) + _synthetic(50, 2, 1.0, qtype=2)
+    fit = fit_temperatures(recs, min_bucket=10)
+    assert "choice:3-5" in fit.temperature_by_options
+    assert "choice:6-10" not in fit.temperature_by_options      # 9 < 10: uses the type's T
+    assert fit.counts["choice:6-10"] == 9
+    assert fit.temperature[1] == 1.0                              # no score questions: unchanged
+    assert fit.lookup(recs[205]) == fit.temperature[0]
+    with pytest.raises(ValueError, match="min_bucket"):
+        fit_temperatures(recs, min_bucket=0)
+
+
+def test_fitted_values_are_clamped_but_raw_is_kept():
+    fit = fit_temperatures(_synthetic(500, 3, 9.0), min_bucket=10)
+    assert fit.temperature[0] == 5.0 and fit.raw["choice"] > 5.0
+
+
+def test_calibration_measures_on_hand_cases():
+    assert ece(np.array([0.9, 0.9, 0.6, 0.6]), np.array([1, 1, 0, 1]), 10) == pytest.approx((2 * 0.1 + 2 * 0.1) / 4)
+    assert ece(np.array([1.0, 0.0]), np.array([1, 0]), 15) == 0.0
+    recs = [Record(np.array([0.0, 0.0]), np.array([1.0, 0.0]), 2)]
+    m = metrics(recs, [softmax(r.logits) for r in recs])
+    assert m["nll"] == pytest.approx(np.log(2)) and m["brier"] == pytest.approx(0.5)
+    assert [option_bucket(k) for k in (2, 3, 5, 6, 10, 11, 200)] == ["2", "3-5", "3-5", "6-10", "6-10", "11+", "11+"]
+
+
+@pytest.fixture(scope="module")
+def calib_data(tmp_path_factory):
+    from laya.corpus.build import CorpusConfig, build, write
+
+    cfg = CorpusConfig(seed=1, tickets_train=0, tickets_calib=60, tickets_test=0, tickets_unseen=0,
+                       reviews_train=0, reviews_calib=40, reviews_test=0)
+    return write(build(cfg), tmp_path_factory.mktemp("calib"), cfg)["calib"]
+
+
+def test_calibrate_writes_temperatures_report_and_changes_answers(laya_tiny_bert, calib_data, tmp_path):
+    out, report = tmp_path / "calibrated", tmp_path / "report"
+    fit, ev = calibrate(laya_tiny_bert, str(calib_data), str(out), str(report))
+    cfg = json.loads((out / "rl_agent_config.json").read_text())
+    assert cfg["temperature"] == [round(t, 4) for t in fit.temperature]
+    assert cfg["temperature_by_options"] and all(0.5 <= t <= 5.0 for t in cfg["temperature_by_options"].values())
+    assert ev["all"]["after"]["nll"] <= ev["all"]["before"]["nll"] + 1e-9   # fitted on this split: cannot be worse
+    md = (report / "calibration.md").read_text()
+    assert "ECE15 before" in md and "reliability.png" in md
+    assert (report / "reliability.png").stat().st_size > 1000
+    assert set(json.loads((report / "calibration.json").read_text())["metrics"]) >= {"all", "type:choice", "type:noul"}
+    q = {"d": {"type": "choice", "instructions": "department", "criteria": ["billing", "technical", "other"]}}
+    before = laya.load(laya_tiny_bert).predict("we were billed twice", q)["answers"]["d"]["probabilities"]
+    after = laya.load(str(out)).predict("we were billed twice", q)["answers"]["d"]["probabilities"]
+    assert before != after
+
+
+def test_cli(laya_tiny_bert, calib_data, tmp_path, capsys):
+    from serving.cli import main
+
+    assert main(["calibrate", "--model", laya_tiny_bert, "--data", str(calib_data), "--out", str(tmp_path / "c")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["nll_after"] <= printed["nll_before"] + 1e-9

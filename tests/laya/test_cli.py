@@ -1,0 +1,46 @@
+"""`pagoda decide` and `pagoda bench decide` through the real CLI entry point."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from serving.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "docs" / "examples"
+
+
+def test_decide_prints_answer_json(laya_tiny_bert, capsys):
+    rc = main(["decide", "--model", laya_tiny_bert, "--state", "@" + str(EXAMPLES / "billing_state.txt"),
+               "--questions", str(EXAMPLES / "billing_questions.json"), "--min-confidence", "0.5"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["answers"]) == {"department", "urgency", "churn_risk"}
+    assert out["answers"]["urgency"]["abstention_threshold"] == 0.5
+    import laya
+
+    state = (EXAMPLES / "billing_state.txt").read_text().removesuffix("\n")
+    questions = json.loads((EXAMPLES / "billing_questions.json").read_text())
+    assert out == laya.load(laya_tiny_bert).predict(state, questions, min_confidence=0.5)
+
+
+def test_decide_reports_bad_question_and_missing_file(laya_tiny_bert, tmp_path, capsys):
+    bad = tmp_path / "q.json"
+    bad.write_text(json.dumps({"q": {"type": "score", "instructions": "x", "criteria": ["one"]}}))
+    assert main(["decide", "--model", laya_tiny_bert, "--state", "hi", "--questions", str(bad)]) == 2
+    assert "question 'q': field 'criteria'" in capsys.readouterr().err
+    assert main(["decide", "--model", str(tmp_path), "--state", "hi", "--questions", str(bad)]) == 2
+    assert "rl_agent_config.json" in capsys.readouterr().err
+
+
+def test_bench_decide_runs(laya_tiny_bert, capsys):
+    assert main(["bench", "decide", "--model", laya_tiny_bert, "--iters", "3", "--reference", "/nonexistent"]) == 0
+    out = capsys.readouterr().out
+    assert "p50 ms" in out and "pagoda laya" in out and "input tokens" in out
+
+
+def test_registering_does_not_import_torch():
+    code = ("import argparse, sys; from laya import cli; p = argparse.ArgumentParser(); s = p.add_subparsers(); "
+            "b = s.add_parser('bench').add_subparsers(); cli.register(s, b); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

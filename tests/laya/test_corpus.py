@@ -1,0 +1,103 @@
+"""The laya-mini corpus: deterministic, labelled correctly, and with held-out label sets really held out."""
+
+import json
+
+import pytest
+
+from laya.corpus import dialogs, forms, reviews, tickets
+from laya.corpus.build import CorpusConfig, build, write
+from laya.examples import items_from_example
+
+SMALL = CorpusConfig(seed=3, tickets_train=120, tickets_calib=40, tickets_test=40, tickets_unseen=30,
+                     reviews_train=80, reviews_calib=30, reviews_test=30)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return build(SMALL)
+
+
+def test_ticket_generator_is_deterministic_and_labelled():
+    a, b = tickets.generate(300, seed=7), tickets.generate(300, seed=7)
+    assert a == b
+    assert a != tickets.generate(300, seed=8)
+    assert {t["department"] for t in a} == set(tickets.DEPARTMENTS)
+    assert {t["urgency"] for t in a} == {0, 1, 2}
+    assert {t["sentiment"] for t in a} == set(tickets.SENTIMENTS)
+    assert 0.15 < sum(t["churn"] for t in a) / len(a) < 0.45
+    assert len({t["text"] for t in a}) > 0.97 * len(a)           # real variety, not a handful of templates
+    lengths = sorted(len(t["text"]) for t in a)
+    assert lengths[-1] > 2 * lengths[0]
+
+
+def test_ticket_generator_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="departments"):
+        tickets.generate(3, seed=0, departments=("billing", "plumbing"))
+    with pytest.raises(ValueError, match="n must be"):
+        tickets.generate(-1, seed=0)
+    assert {t["department"] for t in tickets.generate(50, 0, tickets.HELDOUT_DEPARTMENTS)} <= set(
+        tickets.HELDOUT_DEPARTMENTS)
+
+
+def test_installed_sources_load():
+    rev = reviews.load()
+    assert len(rev) > 10000 and {r["category"] for r in rev} == {"fresh", "rotten", "plot"}
+    dia = dialogs.load()
+    assert {d["topic"] for d in dia} == set(dialogs.TOPICS)
+    assert all(len(d["turns"]) >= 2 for d in dia)
+
+
+def test_every_example_is_valid_training_data(splits):
+    n = 0
+    for split, examples in splits.items():
+        for i, ex in enumerate(examples):
+            n += len(items_from_example(ex, f"{split}:{i}"))   # raises on any bad label or question
+            json.dumps(ex)
+    assert n > 500
+
+
+def test_question_forms_vary(splits):
+    qs = [q for ex in splits["train"] for q in ex["questions"].values()]
+    assert {q["type"] for q in qs} == {"choice", "score", "noul"}
+    sizes = {len(q["criteria"]) for q in qs if q["type"] == "choice"}
+    assert {2, 3, 4, 5} <= sizes
+    assert any(isinstance(q["criteria"], dict) for q in qs if q["type"] == "choice")
+    assert any(isinstance(q["criteria"], list) for q in qs if q["type"] == "choice")
+    assert len({q["instructions"] for q in qs}) > 20
+    assert {ex["source"] for ex in splits["train"]} == {"tickets", "reviews", "dialogs"}
+
+
+def _option_names(examples):
+    names = set()
+    for ex in examples:
+        for q in ex["questions"].values():
+            if q["type"] == "choice":
+                names |= {str(k).lower() for k in q["criteria"]}
+            names.add(q["instructions"].lower())
+    return names
+
+
+def test_held_out_label_sets_never_reach_training(splits):
+    seen = _option_names(splits["train"] + splits["calib"])
+    unseen_departments = {n for d in tickets.HELDOUT_DEPARTMENTS for n in forms.DEPARTMENT_NAMES[d]}
+    unseen_topics = {dialogs.TOPICS[t][0] for t in dialogs.HELDOUT_TOPICS}
+    assert not seen & (unseen_departments | unseen_topics)
+    assert not any(any(t in name for t in unseen_topics) for name in seen)
+    test_sources = {ex["source"] for ex in splits["test"]}
+    assert {"tickets-unseen-labels", "dialogs-unseen-labels"} <= test_sources
+    test_names = _option_names([ex for ex in splits["test"] if ex["source"].endswith("unseen-labels")])
+    assert unseen_departments & test_names and unseen_topics & test_names
+
+
+def test_splits_do_not_share_texts(splits):
+    def texts(split):
+        return {json.dumps(ex["state"]) for ex in splits[split] if ex["source"] in ("reviews", "dialogs")}
+    assert not texts("train") & texts("test")
+    assert not texts("train") & texts("calib")
+
+
+def test_write_round_trips(tmp_path, splits):
+    paths = write(splits, tmp_path, SMALL)
+    assert sum(1 for _ in open(paths["train"])) == len(splits["train"])
+    assert json.loads((tmp_path / "corpus.json").read_text())["seed"] == 3
+    assert build(SMALL) == splits   # same config, same corpus
