@@ -101,3 +101,20 @@ def test_repetition_penalty_matches_transformers(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), num_blocks=32))
     (out,) = engine.generate(prompt, SamplingParams(max_new_tokens=12, repetition_penalty=1.7, ignore_eos=True))
     assert out.token_ids == y
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("backend", ["radix", "apc"])
+def test_cuda_runs_the_same_code_paths(tiny_llama, reference, backend):
+    """The same engine on a GPU: chunked prefill, cache hits, preemption and seeded sampling."""
+    prompts, ref = reference
+    engine = Engine(EngineConfig(model=str(tiny_llama), cache_backend=backend, device="cuda", block_size=4,
+                                 num_blocks=40, max_num_batched_tokens=24))
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    for _ in range(2):
+        assert [o.token_ids for o in engine.generate(prompts, params)] == ref
+    assert engine.stats()["preemptions"] > 0 and engine.stats()["compute_saved_tokens"] > 0
+    seeded = SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True)
+    alone = engine.generate(prompts[4], seeded)[0].token_ids
+    assert engine.generate([prompts[1], prompts[4]], [params, seeded])[1].token_ids == alone
+    assert_no_leak(engine)
