@@ -96,7 +96,7 @@ def load_backend(cfg: ServeConfig) -> LayaBackend | StudentBackend:
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    agent = laya.load(cfg.model)
+    agent = laya.load(cfg.model, device=cfg.device)
     return LayaBackend(agent, _model_name(cfg.model))
 
 

@@ -26,6 +26,7 @@ def _opt(default, help: str, flag: bool = True):
 class ServeConfig:
     model: str | None = _opt(None, "Laya checkpoint folder (default: the embedded laya-mini)")
     student: str | None = _opt(None, "serve a distilled student folder instead of a Laya checkpoint")
+    device: str = _opt("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
     host: str = _opt("127.0.0.1", "bind address")
     port: int = _opt(8000, "bind port (0 picks a free one)")
     workers: int = _opt(1, "gunicorn worker processes; each holds its own model and model-worker thread")

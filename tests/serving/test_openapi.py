@@ -1,0 +1,93 @@
+"""`/openapi.json` stays true: it documents exactly the routes the app serves, and real responses from a
+running server validate against its schemas (a small JSON-schema subset checker below)."""
+
+from __future__ import annotations
+
+import requests
+from serving_support import BILLING_STATE
+
+from serving.app import create_app
+from serving.backend import LayaBackend
+from serving.config import ServeConfig
+
+
+def check(value, schema: dict, doc: dict, where: str = "$") -> None:
+    """The JSON-schema subset the document uses: $ref, type, enum, oneOf, required, properties,
+    additionalProperties, items, min/max(Items|Properties|Length|imum)."""
+    if "$ref" in schema:
+        return check(value, doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], doc, where)
+    if "oneOf" in schema:
+        matches = 0
+        for option in schema["oneOf"]:
+            try:
+                check(value, option, doc, where)
+                matches += 1
+            except AssertionError:
+                pass
+        assert matches == 1, f"{where}: matches {matches} of oneOf"
+    kinds = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+             "boolean": bool, "null": type(None)}
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        ok = any(isinstance(value, kinds[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+                 for t in types)
+        assert ok, f"{where}: {value!r:.80} is not {types}"
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            assert key in value, f"{where}: missing required {key!r}"
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in props:
+                check(item, props[key], doc, f"{where}.{key}")
+            elif extra is False:
+                raise AssertionError(f"{where}: undocumented property {key!r}")
+            elif isinstance(extra, dict):
+                check(item, extra, doc, f"{where}.{key}")
+        assert len(value) <= schema.get("maxProperties", len(value))
+    if isinstance(value, list):
+        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)), where
+        for i, item in enumerate(value):
+            check(item, schema.get("items", {}), doc, f"{where}[{i}]")
+
+
+def test_documents_exactly_the_served_routes(agent):
+    app = create_app(ServeConfig(), backend=LayaBackend(agent, "tiny"))
+    served = {(rule.rule, method.lower()) for rule in app.url_map.iter_rules() if rule.endpoint != "static"
+              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    doc = app.test_client().get("/openapi.json").get_json()
+    documented = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert served == documented
+
+
+def test_real_responses_validate(server, billing_questions):
+    doc = requests.get(server.url + "/openapi.json", timeout=10).json()
+    assert doc["openapi"].startswith("3.1")
+
+    def response_schema(path, method, status):
+        content = doc["paths"][path][method]["responses"][str(status)]["content"]
+        return next(iter(content.values()))["schema"]
+
+    def request_schema(path):
+        return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    calls = [
+        ("/decide", {"state": BILLING_STATE, "questions": billing_questions, "min_confidence": 0.5}),
+        ("/decide", {"state": {"message": BILLING_STATE}, "preset": "support-triage"}),
+        ("/decide/batch", {"states": [BILLING_STATE, "other"], "questions": billing_questions}),
+        ("/v1/systemone", {"state": BILLING_STATE, "questions": billing_questions, "model": "jev-1"}),
+        ("/v1/systemone/batch", {"states": [BILLING_STATE], "questions": billing_questions}),
+    ]
+    for path, body in calls:
+        check(body, request_schema(path), doc, f"request {path}")
+        r = requests.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        check(r.json(), response_schema(path, "post", 200), doc, f"response {path}")
+    bad = requests.post(server.url + "/decide", json={"questions": {}}, timeout=10)
+    check(bad.json(), response_schema("/decide", "post", 422), doc, "422")
+    for path in ("/health", "/ready", "/v1/models", "/stats", "/openapi.json"):
+        r = requests.get(server.url + path, timeout=10)
+        assert r.status_code == 200
+        check(r.json(), response_schema(path, "get", 200), doc, path)

@@ -1,0 +1,71 @@
+"""`pagoda serve --student DIR`: a distilled student behind /decide. Slow: it distils a student first
+(engineer E's `pagoda distill`, linear kind, ~2 minutes on 2 shared cores)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import requests
+import yaml
+from serving_support import REPO, TINY_BERT, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+TASK = {
+    "name": "serve-triage", "text_field": "text",
+    "questions": {
+        "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
+                       "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages",
+                                    "other": "everything else"}},
+        "churn": {"type": "noul", "instructions": "Does the user threaten to cancel or leave?"},
+    },
+    "gold": {"department": "department", "churn": "churn"},
+    "labels": {"chunk_rows": 40, "batch_size": 16},
+    "split": {"holdout": 0.25, "validation": 0.15},
+    "student": {"kind": "linear", "max_len": 64, "baseline": False},
+    "export": {"check_rows": 8},
+    "report": {"singles": 1, "teacher_singles": 1, "batches": 1, "batch_size": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory):
+    from distill.corpus import write_tickets
+
+    d = tmp_path_factory.mktemp("student")
+    (d / "task.yaml").write_text(yaml.safe_dump(TASK, sort_keys=False))
+    data = write_tickets(d / "tickets.jsonl", 80, seed=3)
+    out = d / "serve-triage"
+    subprocess.run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(TINY_BERT), "--task",
+                    str(d / "task.yaml"), "--data", str(data), "--out", str(out), "--no-progress"],
+                   cwd=REPO, check=True, capture_output=True, timeout=900)
+    server = ServerProcess(d / "serve.log", ["--student", str(out)])
+    yield out, server.running()
+    server.stop()
+
+
+def test_student_serving(student):
+    from distill.runtime import Student
+
+    folder, server = student
+    local = Student(folder)
+    models = requests.get(server.url + "/v1/models", timeout=10).json()["data"]
+    assert models[0]["kind"] == "student" and models[0]["questions"] == sorted(TASK["questions"])
+    state = "I was charged twice this month, refund me or I cancel."
+    r = requests.post(server.url + "/decide", json={"state": state}, timeout=30)  # no questions: all of its own
+    assert r.status_code == 200, r.text
+    assert r.json()["answers"] == local.predict(state)["answers"]
+    subset = {"churn": TASK["questions"]["churn"]}
+    r = requests.post(server.url + "/decide", json={"state": state, "questions": subset}, timeout=30)
+    assert list(r.json()["answers"]) == ["churn"] and r.json()["answers"]["churn"] == local.predict(state)["answers"]["churn"]
+    states = [state, "The site is down.", {"text": "hello"}]
+    r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=30)
+    assert [x["answers"] for x in r.json()["results"]] == [x["answers"] for x in local.predict_batch(states)]
+    # questions it was not distilled for are refused, by name
+    other = {"urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]}}
+    r = requests.post(server.url + "/decide", json={"state": state, "questions": other}, timeout=30)
+    assert r.status_code == 422 and "urgency" in r.json()["error"]["message"]
+    r = requests.post(server.url + "/decide", json={"state": state, "max_len": 32}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "max_len"
