@@ -29,8 +29,10 @@ test: install
 lint: install
 	$(PY) -m ruff check .
 
-serve: install
-	$(PAGODA) decide --model tests/fixtures/laya/bert-tiny --state @docs/examples/billing_state.txt --questions docs/examples/billing_questions.json
+# The decision service (gunicorn, POST /decide) on the embedded laya-mini, built first if missing.
+# Flags and PAGODA_* variables configure it (docs/serving.md): make serve SERVE_ARGS="--port 9000".
+serve: install model
+	$(PAGODA) serve $(SERVE_ARGS)
 
 # Golden fixtures for tests/laya: our builder writes the checkpoints, the official runtime
 # (laya 0.4.15 in its own venv, run from /tmp because its import name clashes with ours) answers.
