@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,12 @@ def register(commands: Any, bench: Any) -> None:
 def _distill(args: argparse.Namespace) -> int:
     from distill.pipeline import distill
 
-    out = distill(args.task, args.teacher, args.data, args.out, shard=args.shard, restart_from=args.restart_from,
-                  progress=not args.no_progress)
+    try:
+        out = distill(args.task, args.teacher, args.data, args.out, shard=args.shard, restart_from=args.restart_from,
+                      progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as exc:  # a bad task, data file, teacher or mismatched labels
+        print(f"pagoda distill: error: {exc}", file=sys.stderr)
+        return 2
     return 0 if out is not None or args.shard else 1
 
 

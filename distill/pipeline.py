@@ -78,8 +78,12 @@ class Run:
     @property
     def agent(self):
         if self._agent is None:
+            import torch
+
             import laya
 
+            if self.task.labels.threads:
+                torch.set_num_threads(self.task.labels.threads)
             self._agent = laya.load(str(self.teacher_dir))
         return self._agent
 

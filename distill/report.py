@@ -91,12 +91,13 @@ def plots(out: Path, probs: dict[str, dict[str, np.ndarray]], teacher: dict[str,
     return ["report-reliability.png", "report-latency.png"]
 
 
-def write_report(run, d: dict, singles: int = 100, teacher_singles: int = 24) -> dict:
+def write_report(run, d: dict) -> dict:
     from tqdm.auto import tqdm
 
     from distill.latency import student_latency, teacher_latency
 
     out, task = run.layout.out, run.task
+    rc = task.report
     sel = np.flatnonzero(d["split"] == 2)
     texts = [d["texts"][i] for i in sel]
     teacher = {q: v[sel] for q, v in d["targets"].items()}
@@ -118,7 +119,8 @@ def write_report(run, d: dict, singles: int = 100, teacher_singles: int = 24) ->
             bar.update(1)
             lat = {}
             for tname, n in threads.items():
-                lat[tname] = student_latency(path, n, precision, texts, singles=singles)
+                lat[tname] = student_latency(path, n, precision, texts, singles=rc.singles, batches=rc.batches,
+                                             batch_size=rc.batch_size)
                 bar.update(1)
             model_file = path / ("model.int8.onnx" if precision == "int8" else "model.onnx")
             report["students"][name] = {"questions": quality(probs[name], teacher, gold), "latency": lat,
@@ -126,8 +128,8 @@ def write_report(run, d: dict, singles: int = 100, teacher_singles: int = 24) ->
         agent = run.agent
         tlat = {}
         for tname, n in threads.items():
-            tlat[tname] = teacher_latency(agent, task.questions, n, texts, task.budgets, singles=teacher_singles,
-                                          batches=2)
+            tlat[tname] = teacher_latency(agent, task.questions, n, texts, task.budgets, singles=rc.teacher_singles,
+                                          batches=max(1, rc.batches // 2), batch_size=rc.batch_size)
             bar.update(1)
         tq = {}
         for q in teacher:

@@ -25,6 +25,7 @@ class LabelConfig:
     batch_size: int = 16        # states per teacher forward
     chunk_rows: int = 256       # rows per Parquet chunk: the unit of resume and of sharding
     max_rows: int = 0           # 0: the whole corpus
+    threads: int = 0            # torch threads for the teacher; 0: all cores
 
 
 @dataclass
@@ -58,6 +59,14 @@ class ExportConfig:
 
 
 @dataclass
+class ReportConfig:
+    singles: int = 100          # timed batch-1 calls per student configuration
+    teacher_singles: int = 24   # the teacher is slower: fewer calls, same statistics
+    batches: int = 4            # timed batch calls per configuration
+    batch_size: int = 32        # states per timed batch call
+
+
+@dataclass
 class Task:
     name: str
     questions: dict[str, dict[str, Any]]
@@ -68,6 +77,7 @@ class Task:
     split: SplitConfig = field(default_factory=SplitConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def heads(self) -> list[dict[str, Any]]:
         """Per question: type, answer keys, legend, and where its logits sit in the student output."""
@@ -89,7 +99,8 @@ class Task:
         return asdict(self)
 
 
-_SECTIONS = {"labels": LabelConfig, "split": SplitConfig, "student": StudentConfig, "export": ExportConfig}
+_SECTIONS = {"labels": LabelConfig, "split": SplitConfig, "student": StudentConfig, "export": ExportConfig,
+             "report": ReportConfig}
 _BUDGETS = ("max_len", "head_max_len", "min_confidence")
 
 
@@ -126,6 +137,7 @@ def _check_ranges(t: Task) -> None:
     need(t.labels.batch_size >= 1, "labels.batch_size", "must be >= 1")
     need(t.labels.chunk_rows >= 1, "labels.chunk_rows", "must be >= 1")
     need(t.labels.max_rows >= 0, "labels.max_rows", "must be >= 0 (0: all rows)")
+    need(t.labels.threads >= 0, "labels.threads", "must be >= 0 (0: all cores)")
     need(0 < t.split.holdout < 1, "split.holdout", "must be in (0, 1)")
     need(0 < t.split.validation < 1 and t.split.holdout + t.split.validation < 1, "split.validation",
          "must be in (0, 1) and leave rows to train on beside split.holdout")
@@ -139,6 +151,8 @@ def _check_ranges(t: Task) -> None:
     need(s.threads >= 0, "student.threads", "must be >= 0 (0: all cores)")
     need(t.export.tolerance > 0 and t.export.int8_tolerance > 0, "export.tolerance", "must be > 0")
     need(t.export.check_rows >= 1, "export.check_rows", "must be >= 1")
+    for key in ("singles", "teacher_singles", "batches", "batch_size"):
+        need(getattr(t.report, key) >= 1, "report." + key, "must be >= 1")
 
 
 def parse_task(raw: Any) -> Task:

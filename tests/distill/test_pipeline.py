@@ -1,0 +1,138 @@
+"""`pagoda distill` end to end: folder contents, quality vs the teacher, resume, sharding, export check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from distill_support import N_TICKETS, TASK, pagoda, torch_threads
+
+from distill import labels as L
+from distill.task import parse_task
+
+
+def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
+    for name in ("model.onnx", "model.int8.onnx", "tokenizer.json", "student.json", "report.md", "report.json",
+                 "report-reliability.png", "report-latency.png", "baseline-linear/model.onnx",
+                 "baseline-linear/student.json"):
+        assert (student_dir / name).is_file(), name
+    meta = json.loads((student_dir / "student.json").read_text())
+    assert meta["questions"] == TASK["questions"]
+    assert [h["name"] for h in meta["heads"]] == ["department", "urgency", "churn"]
+    assert [h["size"] for h in meta["heads"]] == [5, 3, 2]
+    assert all(0.05 <= h["temperature"] <= 20 for h in meta["heads"])
+    check = meta["provenance"]["export_check"]
+    assert check["fp32_vs_torch_max_abs_logit"] <= 1e-4
+    assert check["int8_vs_fp32_max_abs_prob"] <= 0.25
+    assert (student_dir / "model.int8.onnx").stat().st_size < (student_dir / "model.onnx").stat().st_size / 3
+    report = (student_dir / "report.md").read_text()
+    for needle in ("agreement", "ECE vs gold", "encoder int8", "linear", "teacher", "1 thread", "b32"):
+        assert needle in report
+
+
+def test_student_learns_the_teacher_better_than_uniform(student_dir):
+    """Held-out KL to the teacher well below what a know-nothing (uniform) student would score."""
+    report = json.loads((student_dir / "report.json").read_text())
+    labelled = L.load_labels(student_dir / "labels", parse_task(TASK))
+    rows = np.asarray(labelled[L.ROW])
+    held = L.split_of(rows, parse_task(TASK)) == 2
+    for q, row in report["students"]["encoder fp32"]["questions"].items():
+        t = np.asarray(labelled[L.prob_column(q)], dtype=np.float64)[held]
+        uniform_kl = float((t * np.log(np.clip(t, 1e-7, 1) * t.shape[1])).sum(-1).mean())
+        assert row["kl"] < 0.8 * uniform_kl, (q, row["kl"], uniform_kl)
+
+
+def test_rerun_resumes_without_relabelling_or_retraining(student_dir, distill_inputs):
+    i = distill_inputs
+    weights = student_dir / "work" / "student.pt"
+    before = weights.stat().st_mtime_ns
+    proc = pagoda("distill", "--teacher", str(i["teacher"]), "--task", str(i["task"]), "--data", str(i["data"]),
+                  "--out", str(student_dir), "--no-progress")
+    assert "labels: 0 rows labelled now" in proc.stdout
+    assert weights.stat().st_mtime_ns == before
+
+
+def test_interrupted_labelling_relabels_only_the_missing_chunk(student_dir, distill_inputs, tmp_path):
+    import laya
+
+    task = parse_task(TASK)
+    labels = tmp_path / "labels"
+    shutil.copytree(student_dir / "labels", labels)
+    victim = labels / "chunk-00002.parquet"
+    original = L.load_labels(labels, task)
+    victim.unlink()
+    corpus = L.load_corpus(distill_inputs["data"], task)
+    with torch_threads(1):
+        n = L.label(task, laya.load(distill_inputs["teacher"]), corpus, labels,
+                    teacher_id=json.loads((labels / "meta.json").read_text())["teacher"], progress=False)
+    assert n == TASK["labels"]["chunk_rows"]
+    again = L.load_labels(labels, task)
+    for q in TASK["questions"]:
+        assert again[L.prob_column(q)] == original[L.prob_column(q)]
+
+
+def test_shards_label_disjoint_chunks_that_merge_into_the_full_set(student_dir, distill_inputs, tmp_path):
+    """Shard 0/2 through the CLI, shard 1/2 in-process; copied together they equal the unsharded labels."""
+    import laya
+
+    i = distill_inputs
+    out = tmp_path / "shard-0"
+    proc = pagoda("distill", "--teacher", str(i["teacher"]), "--task", str(i["task"]), "--data", str(i["data"]),
+                  "--out", str(out), "--shard", "0/2", "--no-progress")
+    assert "stopping after labelling" in proc.stdout
+    assert sorted(p.name for p in (out / "labels").glob("chunk-*")) == ["chunk-00000.parquet", "chunk-00002.parquet"]
+    task = parse_task(TASK)
+    merged = out / "labels"
+    teacher_id = json.loads((merged / "meta.json").read_text())["teacher"]
+    with torch_threads(1):
+        n = L.label(task, laya.load(i["teacher"]), L.load_corpus(i["data"], task), merged, shard=(1, 2),
+                    teacher_id=teacher_id, progress=False)
+    assert n == N_TICKETS // 2
+    a, b = L.load_labels(merged, task), L.load_labels(student_dir / "labels", task)
+    assert len(a) == N_TICKETS
+    for q in TASK["questions"]:
+        assert a[L.prob_column(q)] == b[L.prob_column(q)]
+
+
+def test_partial_labels_are_refused_naming_missing_chunks(student_dir, tmp_path):
+    labels = tmp_path / "labels"
+    shutil.copytree(student_dir / "labels", labels)
+    (labels / "chunk-00001.parquet").unlink()
+    with pytest.raises(ValueError, match=r"incomplete: chunks \[1\]"):
+        L.load_labels(labels, parse_task(TASK))
+
+
+def test_export_check_fails_past_its_tolerance(student_dir):
+    from distill import export, trainer
+
+    model = trainer.load(student_dir / "work" / "student.pt")
+    meta = json.loads((student_dir / "student.json").read_text())
+    rows = trainer.encode(trainer.load_tokenizer(), ["I was billed twice", "the app crashes on start"], 64)
+    with pytest.raises(RuntimeError, match="export.tolerance"):
+        export.check(model, student_dir / "model.onnx", student_dir / "model.int8.onnx", rows, meta["heads"],
+                     tolerance=1e-12, int8_tolerance=1.0)
+    with pytest.raises(RuntimeError, match="int8_tolerance"):
+        export.check(model, student_dir / "model.onnx", student_dir / "model.int8.onnx", rows, meta["heads"],
+                     tolerance=1.0, int8_tolerance=1e-12)
+
+
+def test_labels_from_another_task_are_not_mixed_in(student_dir, distill_inputs, tmp_path):
+    other = parse_task(dict(TASK, questions={"churn": TASK["questions"]["churn"]}, gold={"churn": "churn"}))
+    labels = tmp_path / "labels"
+    shutil.copytree(student_dir / "labels", labels)
+    teacher_id = json.loads((labels / "meta.json").read_text())["teacher"]
+    with pytest.raises(ValueError, match=r"existing labels were made with different \['task'\]"):
+        L.label(other, None, L.load_corpus(distill_inputs["data"], other), labels, teacher_id=teacher_id,
+                progress=False)
+
+
+def test_cli_reports_bad_input_without_a_traceback(distill_inputs, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nquestions: {q: {type: yesno, instructions: hi}}\n")
+    proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(bad), "--data",
+                  str(distill_inputs["data"]), "--out", str(tmp_path / "o"), check=False)
+    assert proc.returncode == 2
+    assert "error: task.questions: question 'q': field 'type'" in proc.stderr
+    assert "Traceback" not in proc.stderr

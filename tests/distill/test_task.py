@@ -1,0 +1,67 @@
+"""Task files: the shipped one loads; every mistake names its field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from distill_support import TASK
+
+from distill.task import load_task, parse_task
+
+SHIPPED = Path(__file__).resolve().parents[2] / "distill" / "tasks" / "support-triage.yaml"
+
+
+def test_shipped_support_triage_task_loads():
+    task = load_task(SHIPPED)
+    assert list(task.questions) == ["department", "urgency", "churn"]
+    assert [h["size"] for h in task.heads()] == [5, 3, 2]
+    assert task.student.kind == "encoder" and task.student.max_len <= 128
+
+
+def _with(path: str, value):
+    raw = copy.deepcopy(TASK)
+    node = raw
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    ("student.kind", "forest", "task.student.kind"),
+    ("student.layers", 7, "task.student.layers"),
+    ("student.layers", "three", "task.student.layers"),
+    ("student.colour", 1, "task.student.colour: unknown field"),
+    ("split.holdout", 1.5, "task.split.holdout"),
+    ("labels.chunk_rows", 0, "task.labels.chunk_rows"),
+    ("gold.sentiment", "sentiment", "task.gold.sentiment"),
+    ("budgets.temperature", 1, "task.budgets.temperature"),
+    ("text_field", "", "task.text_field"),
+    ("name", "a/b", "task.name"),
+    ("questions.churn.type", "yesno", "question 'churn': field 'type'"),
+    ("questions.urgency.criteria", ["only one"], "question 'urgency': field 'criteria'"),
+    ("questions.department.instructions", "", "question 'department': field 'instructions'"),
+    ("report.singles", 0, "task.report.singles"),
+])
+def test_errors_name_the_field(path, value, needle):
+    with pytest.raises(ValueError, match=needle.replace(".", r"\.").replace("(", r"\(")):
+        parse_task(_with(path, value))
+
+
+def test_unknown_top_level_field_and_missing_questions():
+    with pytest.raises(ValueError, match="task.teachr: unknown field"):
+        parse_task({**TASK, "teachr": "x"})
+    with pytest.raises(ValueError, match="task.questions"):
+        parse_task({**TASK, "questions": {}})
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="task file"):
+        load_task(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_task(bad)
