@@ -7,7 +7,7 @@ PAGODA := $(VENV)/bin/pagoda
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint serve example fixtures clean
+.PHONY: install test lint serve example fixtures clean student
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,16 @@ $(REFVENV)/bin/python:
 	$(PYTHON) -m venv $(REFVENV)
 	$(REFVENV)/bin/pip install -q torch==2.13.0
 	$(REFVENV)/bin/pip install -q laya==0.4.15
+
+# A distilled edge student (docs/distill.md): laya-mini labels our synthetic ticket corpus, a 3-layer
+# MiniLM student learns department/urgency/churn, exported to ONNX (int8) with a report. Rerunning
+# resumes; STUDENT_TICKETS sizes the corpus (a different size needs a fresh output folder).
+STUDENT_TICKETS ?= 2500
+STUDENT_DIR := models/students/support-triage
+student: install model
+	$(PY) -m distill.corpus --tickets $(STUDENT_TICKETS) --out models/students/support-triage-tickets.jsonl
+	$(PAGODA) distill --teacher default --task distill/tasks/support-triage.yaml \
+	  --data models/students/support-triage-tickets.jsonl --out $(STUDENT_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -9,6 +9,7 @@ not by shard, labelling one corpus on many machines is copying their `labels/` f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -74,9 +75,18 @@ def _chunk_path(label_dir: Path, c: int) -> Path:
     return label_dir / f"chunk-{c:05d}.parquet"
 
 
-def _check_meta(label_dir: Path, task: Task, n_rows: int, teacher_id: str) -> None:
+def _data_fingerprint(corpus, task: Task) -> str:
+    h = hashlib.sha256()
+    for text in corpus[task.text_field]:
+        h.update(state_text(text).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _check_meta(label_dir: Path, task: Task, corpus, teacher_id: str) -> None:
     """Chunks from another task, corpus size or teacher must never be mixed into these labels."""
-    meta = {"task": task.fingerprint(), "rows": n_rows, "chunk_rows": task.labels.chunk_rows, "teacher": teacher_id}
+    meta = {"task": task.fingerprint(), "rows": len(corpus), "chunk_rows": task.labels.chunk_rows,
+            "teacher": teacher_id, "data": _data_fingerprint(corpus, task)}
     path = label_dir / "meta.json"
     if path.exists():
         old = json.loads(path.read_text())
@@ -96,7 +106,7 @@ def label(task: Task, teacher: Teacher, corpus, label_dir: Path, *, shard: tuple
 
     disable_progress_bar()  # our bar counts rows across chunks; one bar per chunk would be noise
     label_dir = Path(label_dir)
-    _check_meta(label_dir, task, len(corpus), teacher_id)
+    _check_meta(label_dir, task, corpus, teacher_id)
     size = task.labels.chunk_rows
     i, n = shard
     chunks = [c for c in range(-(-len(corpus) // size)) if c % n == i]
