@@ -34,7 +34,8 @@ def hf_reference(model_path: Path, dtype: Any):
 
     if model_path.is_dir():
         return LlamaForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # needs only `gguf`, not accelerate
+    # transformers' own GGUF reader (needs `gguf`, not accelerate): an independent dequantisation
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     cfg = load_gguf_checkpoint(str(model_path), return_tensors=False)["config"]
     cfg.pop("model_type", None)

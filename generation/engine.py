@@ -224,11 +224,16 @@ class Engine:
     def stream(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
                *, checkpoint: str | None = None) -> Iterator[TokenEvent]:
         seqs = self._submit(prompts, params, self._checkpoint(checkpoint))
-        for seq, tok in self._run(seqs):
-            if tok is None:
-                continue
-            yield TokenEvent(seq.index, tok, self._new_text(seq), seq.finish_reason,
-                             seq.logprobs[-1] if seq.params.logprobs is not None else None)
+        try:
+            for seq, tok in self._run(seqs):
+                if tok is None:
+                    continue
+                yield TokenEvent(seq.index, tok, self._new_text(seq), seq.finish_reason,
+                                 seq.logprobs[-1] if seq.params.logprobs is not None else None)
+        finally:  # a consumer that stops early must not leave its requests holding the pool
+            for seq in seqs:
+                if seq.status is not Status.FINISHED:
+                    self.scheduler.abort(seq)
 
     def _new_text(self, seq: Sequence) -> str:
         if seq.status is not Status.FINISHED and not seq.params.stop:

@@ -230,6 +230,14 @@ class Scheduler:
             budget -= n
         return plan
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request that nobody waits for any more (a closed stream), returning its blocks."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.status, seq.finish_reason = Status.FINISHED, "abort"
+        elif seq in self.running:
+            self.finish(seq, "abort")
+
     def finish(self, seq: Sequence, reason: str, keep: bool = False) -> None:
         """Retire a sequence; `keep` leaves its blocks for a checkpoint/session to take over."""
         seq.status = Status.FINISHED

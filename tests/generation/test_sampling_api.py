@@ -88,6 +88,14 @@ def test_stream_yields_the_same_tokens_and_text(engine):
         assert mine[-1].finish_reason == "length" and all(e.finish_reason is None for e in mine[:-1])
 
 
+def test_abandoned_stream_releases_its_blocks(engine):
+    stream = engine.stream(["hello world", "a radix tree"], SamplingParams(max_new_tokens=50, ignore_eos=True))
+    next(stream)
+    stream.close()
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert no_leak(engine)
+
+
 def test_checkpoint_pins_prefix_and_branches_hit_fully(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=48, max_num_batched_tokens=64))
     prefix = list(range(10, 33))  # 23 tokens: the last block is partial, so branches copy it before writing
