@@ -7,7 +7,7 @@ PAGODA := $(VENV)/bin/pagoda
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint serve example fixtures clean student
+.PHONY: install test lint serve example fixtures clean student model model-scratch
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,15 @@ test: install
 
 lint: install
 	$(PY) -m ruff check .
+
+# laya-mini, the embedded default (docs/laya-mini.md): the installed all-MiniLM-L6-v2 encoder plus the
+# trained head committed in models/laya-mini-head/, checked against the build's probe; skips when built.
+# model-scratch retrains that head from the rebuilt corpus (minutes on 2 cores, progress bar).
+model: install
+	$(PY) -m laya.mini build
+
+model-scratch: install
+	$(PY) -m laya.mini build --from-scratch --force --threads 2
 
 # The decision service (gunicorn, POST /decide) on the embedded laya-mini, built first if missing.
 # Flags and PAGODA_* variables configure it (docs/serving.md): make serve SERVE_ARGS="--port 9000".
