@@ -83,10 +83,10 @@ class Agent:
         """One output per row, in order; rows may come from any number of `Prepared`.
 
         Rows are padded to a multiple of PAD_MULTIPLE of their own length and only rows of equal
-        padded length share a tensor, in chunks of at most MAX_BATCH_TOKENS; the small scorer and
-        act-head matmuls run per row (see `LayaModel.score`). What remains is the batch dimension
-        of the encoder's large matmuls, whose per-row results do not depend on it on CPU;
-        `tests/laya/test_agent.py` checks bit-identity across batch compositions.
+        padded length share a tensor, in chunks of at most MAX_BATCH_TOKENS; the small matmuls
+        after the last head layer's keys and values run per row (see `LayaModel.infer`). What
+        remains is the batch dimension of the large matmuls, whose per-row results do not depend
+        on it on CPU; `tests/laya/test_agent.py` checks bit-identity across batch compositions.
         """
         out: list[RowOutput | None] = [None] * len(rows)
         groups: dict[int, list[int]] = {}
@@ -98,13 +98,10 @@ class Agent:
                 chunk = members[start:start + step]
                 batch = collate([rows[i] for i in chunk], self.tokenizer.pad_token_id, length)
                 batch = {k: v.to(self.device) for k, v in batch.items()}
-                h = self.model.hidden(batch["input_ids"], batch["attention_mask"], batch["qtype"])
-                for j, i in enumerate(chunk):
-                    k = len(rows[i].markers)
-                    logits, act = self.model.score(h[j:j + 1], batch["marker_pos"][j:j + 1, :k],
-                                                   batch["marker_mask"][j:j + 1, :k])
-                    out[i] = RowOutput(logits[0].float().cpu().numpy(),
-                                       torch.softmax(act[0].float(), -1).cpu().numpy())
+                per_row = self.model.infer(batch["input_ids"], batch["attention_mask"], batch["qtype"],
+                                           batch["marker_pos"], [len(rows[i].markers) for i in chunk])
+                for i, (logits, act) in zip(chunk, per_row):
+                    out[i] = RowOutput(logits.float().cpu().numpy(), torch.softmax(act.float(), -1).cpu().numpy())
         return out  # type: ignore[return-value]
 
     def finish(self, prepared: Prepared, outputs: list[RowOutput]) -> dict[str, Any]:

@@ -76,3 +76,20 @@ def test_import_laya_is_cheap():
 
     code = "import sys, laya; assert 'torch' not in sys.modules, 'import laya pulled in torch'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_inference_path_equals_training_forward(agent):
+    """`LayaModel.infer` (last head layer only where read, per row) == the differentiable `forward`."""
+    import torch
+
+    from laya.sequence import collate
+
+    rows = agent.prepare(STATE, QUESTIONS).rows + agent.prepare(["hi", "cancel now"], QUESTIONS).rows
+    b = collate(rows, agent.tokenizer.pad_token_id)
+    with torch.inference_mode():
+        logits, act = agent.model(**b)
+        per_row = agent.model.infer(b["input_ids"], b["attention_mask"], b["qtype"], b["marker_pos"],
+                                    [len(r.markers) for r in rows])
+    for j, (lg, ac) in enumerate(per_row):
+        k = len(rows[j].markers)
+        assert torch.allclose(lg, logits[j, :k], atol=1e-5) and torch.allclose(ac, act[j], atol=1e-5)
