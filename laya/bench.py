@@ -22,21 +22,24 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
 WARMUP = 5
 
-# Runs under the reference interpreter; prints one JSON line. Kept free of our package on purpose.
+# Runs under the reference interpreter, kept free of our package. It loads, warms up, then answers
+# each "n" line on stdin with n timed predicts, so the two runtimes can be timed in alternation.
 _REFERENCE = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
 import laya
-model, iters, state, questions = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+model, state, questions = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 agent = laya.load(model, device="cpu")
 for _ in range(5):
     out = agent.predict(state, questions)
-times = []
-for _ in range(iters):
-    t = time.perf_counter()
-    out = agent.predict(state, questions)
-    times.append((time.perf_counter() - t) * 1000)
-print(json.dumps({"times_ms": times, "result": out, "version": getattr(laya, "__version__", "?")}))
+print(json.dumps({"version": getattr(laya, "__version__", "?"), "result": out}), flush=True)
+for line in sys.stdin:
+    times = []
+    for _ in range(int(line)):
+        t = time.perf_counter()
+        agent.predict(state, questions)
+        times.append((time.perf_counter() - t) * 1000)
+    print(json.dumps(times), flush=True)
 """
 
 
@@ -50,29 +53,42 @@ def percentiles(times_ms: list[float]) -> tuple[float, float]:
     return statistics.median(times_ms), q[18]
 
 
-def time_ours(model: str | None, iters: int, device: str) -> tuple[list[float], dict[str, Any]]:
-    import laya
-
-    agent = laya.load(model, device=device)
-    state, questions = scenario()
-    for _ in range(WARMUP):
-        out = agent.predict(state, questions)
+def timed(fn, n: int) -> list[float]:
     times = []
-    for _ in range(iters):
+    for _ in range(n):
         t = time.perf_counter()
-        out = agent.predict(state, questions)
+        fn()
         times.append((time.perf_counter() - t) * 1000)
-    return times, out
+    return times
 
 
-def time_reference(python: str, model: str, iters: int) -> dict[str, Any]:
-    state, questions = scenario()
-    with tempfile.TemporaryDirectory() as cwd:   # anywhere but our repository root
-        proc = subprocess.run([python, "-c", _REFERENCE, os.path.abspath(model), str(iters), state,
-                               json.dumps(questions)], cwd=cwd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError("reference runtime failed:\n" + proc.stderr[-2000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+class Reference:
+    """The official runtime in a subprocess (its own venv, a directory without our sources)."""
+
+    def __init__(self, python: str, model: str):
+        state, questions = scenario()
+        self._cwd = tempfile.TemporaryDirectory()
+        self.proc = subprocess.Popen([python, "-c", _REFERENCE, os.path.abspath(model), state, json.dumps(questions)],
+                                     cwd=self._cwd.name, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        hello = self._line()
+        self.version, self.result = hello["version"], hello["result"]
+
+    def _line(self) -> Any:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("reference runtime failed:\n" + self.proc.stderr.read()[-2000:])
+        return json.loads(line)
+
+    def time(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self._cwd.cleanup()
 
 
 def max_probability_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -88,26 +104,40 @@ def max_probability_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def run(model: str | None, iters: int = 50, device: str = "cpu", reference: str | None = None) -> int:
+    """Ours and the reference alternate, one predict each, so load drift on a shared machine hits both."""
     import torch
+
+    import laya
 
     if iters < 1:
         print("pagoda bench decide: error: --iters must be >= 1", file=sys.stderr)
         return 2
-    ours, out = time_ours(model, iters, device)
-    p50, p95 = percentiles(ours)
-    usage = out["usage"]
-    print(f"checkpoint: {model or 'laya-mini (default)'}  device: {device}  torch threads: {torch.get_num_threads()}")
-    print(f"scenario: billing (3 questions), {usage['input_tokens']} input tokens, {WARMUP} warm-up + {iters} timed")
-    print(f"{'runtime':<24}{'p50 ms':>10}{'p95 ms':>10}{'ratio p50':>11}")
+    agent = laya.load(model, device=device)
+    state, questions = scenario()
+    for _ in range(WARMUP):
+        out = agent.predict(state, questions)
     ref_python = reference or str(ROOT / ".refvenv" / "bin" / "python")
-    if model is None or not Path(ref_python).is_file():
-        print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}{'':>11}")
-        print("(no reference runtime: pass --reference PYTHON with the official laya installed, and --model)")
+    ref = Reference(ref_python, model) if model is not None and Path(ref_python).is_file() else None
+    ours, theirs = [], []
+    try:
+        for _ in range(iters):
+            ours += timed(lambda: agent.predict(state, questions), 1)
+            if ref is not None:
+                theirs += ref.time(1)
+    finally:
+        if ref is not None:
+            ref.close()
+    p50, p95 = percentiles(ours)
+    print(f"checkpoint: {model or 'laya-mini (default)'}  device: {device}  torch threads: {torch.get_num_threads()}")
+    print(f"scenario: billing (3 questions), {out['usage']['input_tokens']} input tokens, "
+          f"{WARMUP} warm-up + {iters} timed, runtimes alternating")
+    print(f"{'runtime':<24}{'p50 ms':>10}{'p95 ms':>10}{'speed-up p50':>14}")
+    if ref is None:
+        print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}")
+        print("(no reference runtime: pass --model and --reference PYTHON with the official laya installed)")
         return 0
-    ref = time_reference(ref_python, model, iters)
-    r50, r95 = percentiles(ref["times_ms"])
-    print(f"{'official laya ' + ref['version']:<24}{r50:>10.1f}{r95:>10.1f}{1.0:>10.2f}x")
-    print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}{r50 / p50:>10.2f}x")
-    print(f"speed-up p50: {r50 / p50:.2f}x   max |p_ours - p_official| on this scenario: "
-          f"{max_probability_gap(out, ref['result']):.1e}")
+    r50, r95 = percentiles(theirs)
+    print(f"{'official laya ' + ref.version:<24}{r50:>10.1f}{r95:>10.1f}{1.0:>13.2f}x")
+    print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}{r50 / p50:>13.2f}x")
+    print(f"max |p_ours - p_official| on this scenario: {max_probability_gap(out, ref.result):.1e}")
     return 0
