@@ -70,18 +70,20 @@ class Service:
 
         threading.Thread(target=load, name="pagoda-model-load", daemon=True).start()
 
-    def decide(self, req: DecideRequest, deadline: float) -> tuple[list[dict], float]:
+    def decide(self, req: DecideRequest, deadline: float, batch: bool) -> tuple[list[dict], float]:
         backend, batcher = self.backend, self.batcher
         if backend is None or batcher is None:
             raise ApiError(503, self.error or "the model is still loading", "not_ready",
                            headers={"Retry-After": "1"})
-        try:
-            units = [backend.prepare(state, req.questions, req.budgets) for state in req.states]
-        except ValueError as exc:
-            message = str(exc)
-            if len(req.states) > 1 and "state" in field_of(message):
-                raise invalid("states", message) from None
-            raise invalid(field_of(message), message) from None
+        units = []
+        for i, state in enumerate(req.states):
+            try:
+                units.append(backend.prepare(state, req.questions, req.budgets))
+            except ValueError as exc:
+                field = field_of(str(exc))
+                if field == "state" and batch:
+                    field = f"states[{i}]"
+                raise invalid(field, str(exc)) from None
         try:
             ticket = batcher.submit(units, [backend.cost(u) for u in units], deadline)
         except QueueFull as exc:
@@ -227,7 +229,7 @@ def create_app(cfg: ServeConfig | None = None, backend: Any = None) -> Flask:
     @app.post("/decide")
     def decide() -> Response:
         req = read_request("decide")
-        results, queue_ms = service.decide(req, deadline())
+        results, queue_ms = service.decide(req, deadline(), batch=False)
         result = with_actions(results[0])
         result["usage"] = {**result["usage"], **timing(queue_ms)}
         return reply({**result, "request_id": g.request_id})
@@ -235,19 +237,19 @@ def create_app(cfg: ServeConfig | None = None, backend: Any = None) -> Flask:
     @app.post("/decide/batch")
     def decide_batch() -> Response:
         req = read_request("decide_batch")
-        results, queue_ms = service.decide(req, deadline())
+        results, queue_ms = service.decide(req, deadline(), batch=True)
         usage = {"input_tokens": sum(r["usage"].get("input_tokens", 0) for r in results),
                  "output_tokens": sum(r["usage"].get("output_tokens", 0) for r in results), **timing(queue_ms)}
         return reply({"results": [with_actions(r) for r in results], "usage": usage, "request_id": g.request_id})
 
     @app.post("/v1/systemone")
     def systemone() -> Response:
-        results, _ = service.decide(read_request("systemone"), deadline())
+        results, _ = service.decide(read_request("systemone"), deadline(), batch=False)
         return reply(compat.systemone_result(results[0]))
 
     @app.post("/v1/systemone/batch")
     def systemone_batch() -> Response:
-        results, _ = service.decide(read_request("systemone_batch"), deadline())
+        results, _ = service.decide(read_request("systemone_batch"), deadline(), batch=True)
         return reply(compat.systemone_batch(results))
 
     return app

@@ -123,6 +123,12 @@ class Batcher:
             if self._stopping:
                 raise QueueFull("server is stopping")
             if len(self._queue) + len(units) > self.limits.max_queue:
+                # Requests that gave up (504) or failed still sit here until the worker reaches them;
+                # they must not hold capacity a live request could use.
+                now = time.monotonic()
+                self._queue = deque(e for e in self._queue if not (
+                    e.ticket.abandoned or e.ticket.error is not None or now >= e.ticket.deadline))
+            if len(self._queue) + len(units) > self.limits.max_queue:
                 raise QueueFull(f"queue full ({len(self._queue)} states waiting, limit {self.limits.max_queue})")
             for index, (unit, (rows, width)) in enumerate(zip(units, costs)):
                 self._queue.append(_Entry(ticket, index, unit, rows, width))

@@ -24,7 +24,8 @@ def register(commands, bench) -> None:
     b.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each measurement")
     b.add_argument("--preset", default="support-triage", help="question preset the clients ask")
     b.add_argument("--max-wait-ms", type=float, default=None, help="batcher wait (default: the server's)")
-    b.add_argument("--torch-threads", type=int, default=0, help="torch threads in the server (0: default)")
+    b.add_argument("--torch-threads", type=int, default=1,
+                   help="torch threads in the server (0: torch default; 1 keeps runs comparable on a shared box)")
     b.add_argument("--plot", default=None, help="write a PNG of decisions/s by concurrency here")
     b.set_defaults(func=_bench)
 

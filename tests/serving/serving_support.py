@@ -20,6 +20,13 @@ BILLING_STATE = "Hi, we were billed twice for March. Please refund the duplicate
 API_KEY = "s3cret-test-key"
 
 
+def heavy_questions(n: int = 40) -> dict:
+    """Many distinct questions: with a long state and max_len 1000 they keep the model busy for a while
+    (seconds on 2 shared cores, a fair fraction of one on an idle machine)."""
+    return {f"q{i}": {"type": "noul", "instructions": f"Does the message mention item number {i}?"}
+            for i in range(n)}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

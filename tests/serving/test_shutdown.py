@@ -7,18 +7,19 @@ import threading
 import time
 
 import requests
-from serving_support import BILLING_STATE
+from serving_support import BILLING_STATE, heavy_questions
 
 
 def test_sigterm_finishes_in_flight_requests(server, agent, billing_questions):
-    # long states at max_len 1000 keep the model busy for a while, so SIGTERM lands mid-flight
-    states = [f"in flight {i}: " + BILLING_STATE * 30 for i in range(6)]
+    # long states x 40 questions at max_len 1000 keep the model busy, so SIGTERM lands mid-flight
+    states = [f"in flight {i}: " + BILLING_STATE * 30 for i in range(4)]
+    questions = {**billing_questions, **heavy_questions()}
     results: dict[int, requests.Response] = {}
     finished: dict[int, float] = {}
 
     def call(i: int) -> None:
         results[i] = requests.post(server.url + "/decide", timeout=60, json={
-            "state": states[i], "questions": billing_questions, "max_len": 1000})
+            "state": states[i], "questions": questions, "max_len": 1000})
         finished[i] = time.monotonic()
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(states))]
@@ -32,7 +33,7 @@ def test_sigterm_finishes_in_flight_requests(server, agent, billing_questions):
     assert server.proc.wait(timeout=60) == 0
     for i, r in results.items():
         assert r.status_code == 200, r.text
-        assert r.json()["answers"] == agent.predict(states[i], billing_questions, max_len=1000)["answers"]
+        assert r.json()["answers"] == agent.predict(states[i], questions, max_len=1000)["answers"]
     assert max(finished.values()) > signalled  # some answers really were delivered after SIGTERM
     try:
         requests.get(server.url + "/health", timeout=5)
