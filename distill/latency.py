@@ -15,17 +15,22 @@ import numpy as np
 
 def measure(predict: Callable[[Any], Any], predict_batch: Callable[[list[Any]], Any], states: list[Any],
             singles: int = 100, batches: int = 4, batch_size: int = 32, warmup: int = 3) -> dict[str, float]:
-    """ms per state: batch-1 p50/p99 over `singles` calls, batch-32 p50/p99 over `batches` calls (divided by 32)."""
+    """ms per state: batch-1 p50/p99 over `singles` calls, batch-32 p50/p99 over `batches` calls (divided by 32).
+
+    `b1_cpu_p50` is the process CPU time per batch-1 call: at 1 thread it is what the wall time would
+    be on an idle core, which is the figure a shared, oversubscribed machine cannot otherwise give.
+    """
     if not states:
         raise ValueError("states: need at least one state to time")
     for s in states[:warmup]:
         predict(s)
-    one = []
+    one, cpu = [], []
     for i in range(singles):
         s = states[i % len(states)]
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         predict(s)
         one.append((time.perf_counter() - t) * 1000)
+        cpu.append((time.process_time() - c) * 1000)
     many = []
     for i in range(batches):
         chunk = [states[(i * batch_size + j) % len(states)] for j in range(batch_size)]
@@ -33,6 +38,7 @@ def measure(predict: Callable[[Any], Any], predict_batch: Callable[[list[Any]], 
         predict_batch(chunk)
         many.append((time.perf_counter() - t) * 1000 / batch_size)
     return {"b1_p50": float(np.percentile(one, 50)), "b1_p99": float(np.percentile(one, 99)),
+            "b1_cpu_p50": float(np.percentile(cpu, 50)),
             "b32_p50": float(np.percentile(many, 50)), "b32_p99": float(np.percentile(many, 99))}
 
 
