@@ -75,19 +75,20 @@ class Service:
         if backend is None or batcher is None:
             raise ApiError(503, self.error or "the model is still loading", "not_ready",
                            headers={"Retry-After": "1"})
-        units = []
-        for i, state in enumerate(req.states):
+        with batcher.arriving():
+            units = []
+            for i, state in enumerate(req.states):
+                try:
+                    units.append(backend.prepare(state, req.questions, req.budgets))
+                except ValueError as exc:
+                    field = field_of(str(exc))
+                    if field == "state" and batch:
+                        field = f"states[{i}]"
+                    raise invalid(field, str(exc)) from None
             try:
-                units.append(backend.prepare(state, req.questions, req.budgets))
-            except ValueError as exc:
-                field = field_of(str(exc))
-                if field == "state" and batch:
-                    field = f"states[{i}]"
-                raise invalid(field, str(exc)) from None
-        try:
-            ticket = batcher.submit(units, [backend.cost(u) for u in units], deadline)
-        except QueueFull as exc:
-            raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
+                ticket = batcher.submit(units, [backend.cost(u) for u in units], deadline)
+            except QueueFull as exc:
+                raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
         try:
             outputs = ticket.wait()
         except DeadlineExceeded:

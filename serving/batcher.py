@@ -2,8 +2,9 @@
 
 Request threads prepare their work (validation, tokenisation) themselves and `submit` it; the worker
 takes units from the front of one FIFO queue until the batch would pass `max_batch_questions` rows or
-`max_batch_tokens` padded tokens, waiting at most `max_wait_ms` for company, runs ONE forward pass and
-hands each unit its own slice back. Throughput then grows with concurrency because a forward pass over
+`max_batch_tokens` padded tokens, runs ONE forward pass and hands each unit its own slice back. It
+waits (at most `max_wait_ms`) for company only while other requests are still being prepared
+(`arriving`), so a lone client never pays the wait and a crowd fills the batch. Throughput then grows with concurrency because a forward pass over
 many rows costs far less than that many passes of a few rows.
 
 Safety properties the tests hold it to:
@@ -21,7 +22,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +48,7 @@ class ModelError(Exception):
 class BatchLimits:
     max_questions: int = 256
     max_tokens: int = 65536
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 5.0
     max_queue: int = 1024
     batching: bool = True
 
@@ -113,6 +115,7 @@ class Batcher:
         self._queue: deque[_Entry] = deque()
         self._cv = threading.Condition()
         self._stopping = False
+        self._arriving = 0
         self._thread = threading.Thread(target=self._loop, name="pagoda-model-worker", daemon=True)
         self._thread.start()
 
@@ -135,6 +138,19 @@ class Batcher:
             self.metrics.queue_depth.set(len(self._queue))
             self._cv.notify()
         return ticket
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Held by a request thread from before `prepare` until after `submit`: tells the worker that
+        waiting a moment would add this request to the batch it is about to run."""
+        with self._cv:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._arriving -= 1
+                self._cv.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Finish what is queued, then end the worker."""
@@ -186,7 +202,7 @@ class Batcher:
                     if rows >= limits.max_questions:
                         full = True
                         break
-                if full or not limits.batching or self._stopping or not batch:
+                if full or not limits.batching or self._stopping or not batch or not self._arriving:
                     break
                 now = time.monotonic()
                 wait_until = wait_until or now + limits.max_wait_ms / 1000

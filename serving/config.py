@@ -37,7 +37,8 @@ class ServeConfig:
     batching: bool = _opt(True, "batch questions from concurrent requests into shared forward passes")
     max_batch_questions: int = _opt(256, "most question rows in one forward pass")
     max_batch_tokens: int = _opt(65536, "most tokens (rows x padded length) in one forward pass")
-    max_wait_ms: float = _opt(2.0, "how long the model worker waits for more requests to join a batch")
+    max_wait_ms: float = _opt(5.0, "how long the model worker may wait for requests still being prepared to join "
+                                   "a batch (never when none are)")
     max_queue: int = _opt(1024, "most states waiting for the model; past it requests get 503")
     request_timeout_s: float = _opt(30.0, "deadline per request; past it the request gets 504")
     max_body_bytes: int = _opt(1 << 20, "largest request body; past it 413")

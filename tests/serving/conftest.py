@@ -25,9 +25,8 @@ def servers(tmp_path_factory):
         # default limits and the example policy; BERT's 1024 positions make max_len 2000 a real model failure
         "main": ServerProcess(logs / "main.log", [*model, "--policy", str(REPO / "serving/policy.example.yaml"),
                                                   "--max-wait-ms", "5"]),
-        # auth on, a 2-state queue, a 1 s deadline; a batch runs once 3 question rows arrive (or after 3 s)
+        # auth on, a 2-state queue, a 1 s deadline
         "guarded": ServerProcess(logs / "guarded.log", [*model, "--max-queue", "2", "--max-states", "2",
-                                                        "--max-batch-questions", "3", "--max-wait-ms", "3000",
                                                         "--request-timeout-s", "1.0"],
                                  env={"PAGODA_API_KEY": API_KEY}),
     }

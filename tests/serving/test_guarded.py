@@ -1,4 +1,5 @@
-"""Auth, a full queue (503 + Retry-After) and a passed deadline (504), on a server configured to show them."""
+"""Auth, a full queue (503 + Retry-After) and a passed deadline (504), on a server with a 2-state queue
+and a 1 s deadline; neither loses or mixes up another request's answer."""
 
 from __future__ import annotations
 
@@ -19,37 +20,27 @@ def test_auth(guarded, agent, billing_questions):
             r = requests.request(method, guarded.url + path, headers=headers, json={}, timeout=10)
             assert r.status_code == 401, (headers, path, r.text)
             assert r.json()["error"]["type"] == "unauthorized" and r.headers["WWW-Authenticate"] == "Bearer"
-    # three question rows fill this server's batch, so the decision runs at once
     r = requests.post(guarded.url + "/decide", headers=AUTH, timeout=30,
                       json={"state": BILLING_STATE, "questions": billing_questions})
     assert r.status_code == 200, r.text
     assert r.json()["answers"] == agent.predict(BILLING_STATE, billing_questions)["answers"]
 
 
-def test_deadline_is_504_and_nothing_is_lost(guarded, agent, billing_questions):
-    one = {"urgency": billing_questions["urgency"]}
-    started = time.monotonic()
-    # one row waits for company (3 s) past the 1 s deadline
-    r = requests.post(guarded.url + "/decide", headers=AUTH, json={"state": BILLING_STATE, "questions": one},
-                      timeout=30)
-    assert r.status_code == 504, r.text
-    assert r.json()["error"]["type"] == "timeout" and 0.9 <= time.monotonic() - started < 3.0
-    r = requests.post(guarded.url + "/decide", headers=AUTH, json={"state": "after", "questions": billing_questions},
-                      timeout=30)
-    assert r.status_code == 200 and r.json()["answers"] == agent.predict("after", billing_questions)["answers"]
+def test_overload_503_and_deadline_504(guarded, agent, billing_questions):
+    heavy: dict = {}
 
-
-def test_full_queue_is_503_with_retry_after(guarded, agent, billing_questions):
-    slow: dict = {}
-
-    def occupy() -> None:  # two long states x 40 questions: the model worker is busy for a while
-        slow["r"] = requests.post(guarded.url + "/decide/batch", headers=AUTH, timeout=60, json={
+    def occupy() -> None:
+        # 2 long states x 64 questions at max_len 1000: >100 GFLOP, seconds of model time on any CPU,
+        # so this request passes its 1 s deadline and the model worker stays busy meanwhile.
+        started = time.monotonic()
+        heavy["r"] = requests.post(guarded.url + "/decide/batch", headers=AUTH, timeout=120, json={
             "states": [BILLING_STATE * 40 + " one", BILLING_STATE * 40 + " two"],
-            "questions": heavy_questions(), "max_len": 1000})
+            "questions": heavy_questions(64), "max_len": 1000})
+        heavy["s"] = time.monotonic() - started
 
     blocker = threading.Thread(target=occupy)
     blocker.start()
-    time.sleep(0.2)
+    time.sleep(0.3)
     results: dict[int, requests.Response] = {}
 
     def call(i: int) -> None:
@@ -60,21 +51,23 @@ def test_full_queue_is_503_with_retry_after(guarded, agent, billing_questions):
     for t in threads:
         t.start()
     for t in threads + [blocker]:
-        t.join(60)
+        t.join(120)
+    r = heavy["r"]
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout", r.text
+    assert 0.9 <= heavy["s"] < 10
     statuses = sorted(r.status_code for r in results.values())
-    assert 503 in statuses, statuses
-    assert set(statuses) <= {200, 503, 504}, statuses
+    assert 503 in statuses and set(statuses) <= {200, 503, 504}, statuses
     for i, r in results.items():
         if r.status_code == 503:
             assert r.headers["Retry-After"] == "1" and r.json()["error"]["type"] == "overloaded"
         elif r.status_code == 200:  # whoever got through got its own answer
             assert r.json()["answers"] == agent.predict(f"ticket {i}", billing_questions)["answers"]
-    assert slow["r"].status_code in (200, 504)
-    # the service recovers: once the abandoned work drains, requests are answered again, correctly
-    for _ in range(20):
+    # the service recovers once the abandoned work drains, and answers correctly again
+    deadline = time.monotonic() + 120
+    while True:
         r = requests.post(guarded.url + "/decide", headers=AUTH, timeout=30,
                           json={"state": "later", "questions": billing_questions})
-        if r.status_code == 200:
+        if r.status_code == 200 or time.monotonic() > deadline:
             break
         assert r.status_code in (503, 504), r.text
         time.sleep(0.5)

@@ -11,9 +11,9 @@ from serving_support import BILLING_STATE, heavy_questions
 
 
 def test_sigterm_finishes_in_flight_requests(server, agent, billing_questions):
-    # long states x 40 questions at max_len 1000 keep the model busy, so SIGTERM lands mid-flight
-    states = [f"in flight {i}: " + BILLING_STATE * 30 for i in range(4)]
-    questions = {**billing_questions, **heavy_questions()}
+    # long states x 23 questions at max_len 1000 keep the model busy, so SIGTERM lands mid-flight
+    states = [f"in flight {i}: " + BILLING_STATE * 30 for i in range(3)]
+    questions = {**billing_questions, **heavy_questions(20)}
     results: dict[int, requests.Response] = {}
     finished: dict[int, float] = {}
 
