@@ -101,7 +101,7 @@ class Task:
 
 _SECTIONS = {"labels": LabelConfig, "split": SplitConfig, "student": StudentConfig, "export": ExportConfig,
              "report": ReportConfig}
-_BUDGETS = ("max_len", "head_max_len", "min_confidence")
+_BUDGETS = ("max_len", "head_max_len")
 
 
 def _section(name: str, cls: type, raw: Any) -> Any:
