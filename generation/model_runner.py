@@ -76,12 +76,18 @@ class ModelRunner:
         write_slots = self._slots(tables[row_of_token], pos_t[:, None]).squeeze(1)
         batch = AttentionBatch(positions=pos_t, write_slots=write_slots, n_decode=nd)
         if nd:
+            bs = self.block_size
+            # leading blocks identical in every decode row (all full: a row only writes past them)
+            same = (tables[:nd] == tables[:1]).all(0).long().cumprod(0)
+            common = min(int(same.sum()), min(p // bs for p in positions[:nd]))
             ctx = pos_t[:nd] + 1
-            lmax = int(ctx.max())
-            span = torch.arange(lmax, device=dev)
-            batch.decode_slots = self._slots(tables[:nd], span.expand(nd, lmax))
-            if int(ctx.min()) != lmax:
-                batch.decode_mask = (span[None, :] < ctx[:, None])[:, None, None, :]
+            start = common * bs
+            span = torch.arange(start, int(ctx.max()), device=dev)
+            batch.decode_slots = self._slots(tables[:nd], span.expand(nd, span.numel()))
+            if common:
+                batch.decode_shared = tables[0, :common]
+                span = torch.arange(int(ctx.max()), device=dev)
+            batch.decode_mask = (span[None, :] < ctx[:, None])[:, None, None, :]
         offset = nd
         for i, (seq, n) in enumerate(plan.prefill):
             start = seq.num_computed

@@ -110,8 +110,10 @@ class AttentionBatch:
     positions: torch.Tensor  # [T]
     write_slots: torch.Tensor  # [T] flat pool slot per token
     n_decode: int
-    decode_slots: torch.Tensor | None = None  # [B, Lmax] context slots of decode tokens (padded)
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] bool, True = attend
+    # decode context = blocks every decode row shares (read once for the whole batch) + each row's own tail
+    decode_shared: torch.Tensor | None = None  # [S] block ids common to all decode rows
+    decode_slots: torch.Tensor | None = None  # [B, Lown] slots of each row's remaining context (padded)
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, S*block_size + Lown] bool, True = attend
     # per prefill chunk: (first token, end token in the flat batch, context slots or None, mask or None)
     prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
     logits_index: torch.Tensor | None = None  # [N] flat token rows that need logits
@@ -169,6 +171,36 @@ class LlamaModel:
         self.sin = emb.sin().to(self.dtype)
         self._rope_len = length
 
+    def _decode_attention(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                          batch: AttentionBatch) -> torch.Tensor:
+        """One token per row, cascade style: the shared prefix blocks are read once and multiplied
+        against every row's queries as one GEMM; only each row's own tail is gathered per row.
+        Query heads are grouped by their KV head, so grouped-query attention never copies K/V."""
+        cfg = self.cfg
+        B, KV, D = q.shape[0], cfg.num_key_value_heads, cfg.head_dim
+        G = cfg.num_attention_heads // KV
+        qg = q.view(B, KV, G, D)
+        scale = D**-0.5
+        own_k = k_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)  # [B, KV, Lown, D]
+        own_v = v_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)
+        scores = torch.matmul(qg, own_k.transpose(-1, -2))  # [B, KV, G, Lown]
+        shared = batch.decode_shared
+        if shared is not None:
+            sk = k_pool[shared].view(-1, KV, D).permute(1, 2, 0)  # [KV, D, Ls]
+            sv = v_pool[shared].view(-1, KV, D).transpose(0, 1)  # [KV, Ls, D]
+            rows = qg.permute(1, 0, 2, 3).reshape(KV, B * G, D)
+            s_shared = torch.matmul(rows, sk).view(KV, B, G, -1).permute(1, 0, 2, 3)
+            scores = torch.cat([s_shared, scores], dim=-1)
+        scores = (scores.float() * scale).masked_fill(~batch.decode_mask, float("-inf"))
+        probs = scores.softmax(-1).to(q.dtype)
+        if shared is None:
+            return torch.matmul(probs, own_v).view(B, KV * G, D)
+        ls = sv.shape[1]
+        out = torch.matmul(probs[..., ls:], own_v)
+        p_shared = probs[..., :ls].permute(1, 0, 2, 3).reshape(KV, B * G, ls)
+        out = out + torch.matmul(p_shared, sv).view(KV, B, G, D).permute(1, 0, 2, 3)
+        return out.reshape(B, KV * G, D)
+
     def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Logits for `batch.logits_index` rows; K/V of every input token is written into `kv` (per-layer pools)."""
         cfg = self.cfg
@@ -194,10 +226,7 @@ class LlamaModel:
             v_flat.index_copy_(0, batch.write_slots, v)
             out = torch.empty_like(q)
             if nd:
-                ck = k_flat[batch.decode_slots].transpose(1, 2)  # [B, KV, L, D]
-                cv = v_flat[batch.decode_slots].transpose(1, 2)
-                o = F.scaled_dot_product_attention(q[:nd].unsqueeze(2), ck, cv, attn_mask=batch.decode_mask, enable_gqa=True)
-                out[:nd] = o.squeeze(2)
+                out[:nd] = self._decode_attention(q[:nd], k_pool, v_pool, batch)
             for start, end, slots, mask in batch.prefills:
                 qs = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
                 if slots is None:  # the chunk is the whole context: attend to it directly
