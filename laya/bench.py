@@ -113,11 +113,12 @@ def run(model: str | None, iters: int = 50, device: str = "cpu", reference: str 
         print("pagoda bench decide: error: --iters must be >= 1", file=sys.stderr)
         return 2
     agent = laya.load(model, device=device)
+    model = model or agent.source          # the default laya-mini folder, for the reference too
     state, questions = scenario()
     for _ in range(WARMUP):
         out = agent.predict(state, questions)
     ref_python = reference or str(ROOT / ".refvenv" / "bin" / "python")
-    ref = Reference(ref_python, model) if model is not None and Path(ref_python).is_file() else None
+    ref = Reference(ref_python, model) if Path(ref_python).is_file() else None
     ours, theirs = [], []
     try:
         for _ in range(iters):
@@ -128,13 +129,13 @@ def run(model: str | None, iters: int = 50, device: str = "cpu", reference: str 
         if ref is not None:
             ref.close()
     p50, p95 = percentiles(ours)
-    print(f"checkpoint: {model or 'laya-mini (default)'}  device: {device}  torch threads: {torch.get_num_threads()}")
+    print(f"checkpoint: {model}  device: {device}  torch threads: {torch.get_num_threads()}")
     print(f"scenario: billing (3 questions), {out['usage']['input_tokens']} input tokens, "
           f"{WARMUP} warm-up + {iters} timed, runtimes alternating")
     print(f"{'runtime':<24}{'p50 ms':>10}{'p95 ms':>10}{'speed-up p50':>14}")
     if ref is None:
         print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}")
-        print("(no reference runtime: pass --model and --reference PYTHON with the official laya installed)")
+        print("(no reference runtime: pass --reference PYTHON with the official laya installed)")
         return 0
     r50, r95 = percentiles(theirs)
     print(f"{'official laya ' + ref.version:<24}{r50:>10.1f}{r95:>10.1f}{1.0:>13.2f}x")
