@@ -1,0 +1,54 @@
+"""Official-layout save/load round trips, config round trips, and the row builder's budget rules."""
+
+import json
+
+import pytest
+import torch
+
+import laya
+from laya.checkpoint import load_checkpoint, save_checkpoint
+from laya.config import LayaConfig
+from laya.questions import parse_questions
+from laya.sequence import Budgets, build_rows
+
+
+def test_config_round_trip_keeps_unknown_keys():
+    raw = {"encoder": "x", "head_layers": 1, "act_costs": {"ask": 0.1}, "temperature": [1, 2, 3],
+           "training": {"epochs": 3}, "fine_tuned": True}
+    cfg = LayaConfig.from_dict(raw)
+    assert cfg.n_act == 2 and cfg.max_len == 512 and cfg.head_max_len == 192
+    assert {k: v for k, v in cfg.to_dict().items() if k in raw} == raw
+    with pytest.raises(ValueError, match="temperature"):
+        LayaConfig.from_dict({"temperature": [1.0]})
+    with pytest.raises(ValueError, match="option_layout"):
+        LayaConfig.from_dict({"option_layout": "parallel"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_save_load_round_trip(laya_tiny_modernbert, tmp_path, dtype):
+    model, tok, cfg = load_checkpoint(laya_tiny_modernbert)
+    save_checkpoint(tmp_path / "copy", model, tok, cfg, dtype=dtype)
+    again, _, cfg2 = load_checkpoint(str(tmp_path / "copy"))
+    assert cfg2.to_dict() == cfg.to_dict()
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert b.dtype == torch.float32 and torch.equal(a, b), name   # the source is F16, so F16 is lossless too
+    state, q = "refund please", {"q": {"type": "noul", "instructions": "Refund?"}}
+    assert laya.load(tmp_path / "copy").predict(state, q) == laya.load(laya_tiny_modernbert).predict(state, q)
+
+
+def test_row_budget_rules(laya_tiny_modernbert):
+    tok = laya.load(laya_tiny_modernbert).tokenizer
+    qs = parse_questions({"q": {"type": "choice", "instructions": "Pick one", "criteria": ["alpha", "beta"]}})
+    state = " ".join(["word"] * 300)
+    (row,) = build_rows(tok, state, qs, Budgets(max_len=100, head_max_len=64))
+    assert row.n_tokens == 100 and row.input_ids[0] == tok.cls_token_id and row.input_ids[-1] == tok.sep_token_id
+    assert [row.input_ids[m] for m in row.markers] == [tok.mask_token_id] * 2
+    head_end = row.n_tokens - row.state_tokens_used - 2          # the [SEP] closing the options
+    assert row.input_ids[head_end] == tok.sep_token_id and head_end > row.markers[-1]
+    assert row.state_tokens_dropped == row.state_tokens - row.state_tokens_used > 0
+    chat = [f"turn {i}" for i in range(80)]
+    (left,) = build_rows(tok, chat, qs, Budgets(max_len=60))
+    kept = tok.tokenizer.decode(left.input_ids[left.markers[-1]:])
+    assert "79" in kept and '"turn 0"' not in kept        # chat lists keep their newest turns
+    (right,) = build_rows(tok, json.dumps(chat), qs, Budgets(max_len=60))
+    assert "79" not in tok.tokenizer.decode(right.input_ids)   # strings keep their start
