@@ -31,8 +31,8 @@ def register(commands: Any, bench: Any) -> None:
     b = bench.add_parser("distill", help="per-state latency of a student (int8, fp32, linear baseline) vs its teacher")
     b.add_argument("--student", required=True, help="student folder written by `pagoda distill`")
     b.add_argument("--teacher", default=None,
-                   help="Laya checkpoint to time as the baseline ('default': laya-mini; omitted: the student's "
-                        "recorded teacher if it exists, else the int8 student is the baseline)")
+                   help="Laya checkpoint to time as the baseline ('default': laya-mini; 'none': no teacher, the "
+                        "first student row is the baseline; omitted: the student's recorded teacher if it exists)")
     b.add_argument("--data", default=None, help="states to time (.jsonl with the task's text field); default: "
                                                 "64 synthetic support tickets")
     b.add_argument("--singles", type=int, default=200, help="timed batch-1 calls per configuration")
@@ -81,7 +81,7 @@ def _bench(args: argparse.Namespace) -> int:
         rows["linear"] = {"1 thread": student_latency(baseline, 1, None, states, singles=args.singles),
                           f"{cores} threads": student_latency(baseline, cores, None, states, singles=args.singles)}
     teacher = args.teacher or student.meta["provenance"].get("teacher")
-    if teacher and (teacher == "default" or (Path(teacher) / "rl_agent_config.json").is_file()):
+    if teacher and teacher != "none" and (teacher == "default" or (Path(teacher) / "rl_agent_config.json").is_file()):
         import laya
 
         agent = laya.load(None if teacher == "default" else teacher)

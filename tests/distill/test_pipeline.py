@@ -136,3 +136,12 @@ def test_cli_reports_bad_input_without_a_traceback(distill_inputs, tmp_path):
     assert proc.returncode == 2
     assert "error: task.questions: question 'q': field 'type'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_distill_prints_ratios_for_every_variant(student_dir):
+    proc = pagoda("bench", "distill", "--student", str(student_dir), "--teacher", "none", "--singles", "5")
+    lines = proc.stdout.splitlines()
+    assert "baseline (encoder int8)" in lines[0]
+    for name in ("encoder int8", "encoder fp32", "linear"):
+        rows = [line for line in lines if line.startswith(name)]
+        assert len(rows) == 2 and all(line.rstrip().endswith("x") for line in rows), rows
