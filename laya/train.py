@@ -40,6 +40,7 @@ class TrainConfig:
     batch_size: int = 16
     lr: float = 3e-4                 # head, scorer, type embeddings, act head
     encoder_lr: float = 0.0          # 0 freezes the encoder
+    encoder_layers: int | None = None  # with encoder_lr > 0: train only the top N encoder layers (None: all)
     weight_decay: float = 0.01
     warmup: float = 0.06             # fraction of steps
     loss: LossWeights = field(default_factory=lambda: LossWeights(log=1.0, spherical=0.5, rps=1.0))
@@ -98,8 +99,26 @@ def build_model(cfg: TrainConfig):
     config = LayaConfig(encoder=_encoder_name(cfg.encoder), head_layers=cfg.head_layers,
                         act_costs=dict(cfg.act_costs), max_len=512, head_max_len=192)
     model = LayaModel.from_pretrained_encoder(cfg.encoder, config)
+    # nn.Embedding's N(0, 1) init gives type embeddings a norm of ~sqrt(d) (~20 at d=384), more than
+    # twice a MiniLM token state (~9); added at every position, they drown what the encoder read.
+    torch.nn.init.normal_(model.type_emb.weight, std=0.02)
     tok = LayaTokenizer.from_dir(cfg.encoder)
     return model, tok, config
+
+
+def encoder_layer_prefixes(model, n: int | None) -> list[str]:
+    """State-dict prefixes of the top `n` encoder layers (BERT `encoder.layer`, ModernBERT `layers`)."""
+    import torch
+
+    for path in ("encoder.layer", "layers", "layer"):
+        obj = model.encoder
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if isinstance(obj, torch.nn.ModuleList):
+            count = len(obj)
+            first = 0 if n is None else max(0, count - n)
+            return [f"encoder.{path}.{i}." for i in range(first, count)]
+    raise ValueError("train: cannot find the encoder's layer list to train only its top layers")
 
 
 def _encoder_name(folder: str) -> str:
@@ -190,11 +209,17 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         if isinstance(m, torch.nn.Dropout):
             m.p = cfg.dropout
     frozen = cfg.encoder_lr == 0
-    for p in model.encoder.parameters():
-        p.requires_grad_(not frozen)
+    trained_prefixes = ["encoder."] if cfg.encoder_layers is None else encoder_layer_prefixes(model, cfg.encoder_layers)
+    enc_params = []
+    for n, p in model.encoder.named_parameters():
+        train_it = not frozen and any(("encoder." + n).startswith(pre) for pre in trained_prefixes)
+        p.requires_grad_(train_it)
+        if train_it:
+            enc_params.append(p)
     groups = [{"params": [p for n, p in model.named_parameters() if not n.startswith("encoder.")], "lr": cfg.lr}]
-    if not frozen:
-        groups.append({"params": list(model.encoder.parameters()), "lr": cfg.encoder_lr})
+    if enc_params:
+        groups.append({"params": enc_params, "lr": cfg.encoder_lr})
+    whole_encoder = not frozen and cfg.encoder_layers is None
     opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
 
     budgets = Budgets(cfg.max_len, cfg.head_max_len)
@@ -235,8 +260,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
                     torch.set_rng_state(resume_state["torch_rng"])
                 continue
             model.train()
-            if frozen:
-                model.encoder.eval()  # no dropout in a frozen encoder: its features stay the pretrained ones
+            if not whole_encoder:
+                model.encoder.eval()  # no dropout in a (partly) frozen encoder: its features stay the pretrained ones
             batch, target = _batch(tok, items, idx, budgets, rng, augment, cfg.device)
             logits, act = model(**batch)
             loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
@@ -276,7 +301,7 @@ def _save(cfg, model, tok, config, opt, step, history, save_checkpoint) -> None:
     import torch
 
     config.extra["training"] = {"data": os.path.basename(cfg.data), "step": step, "seed": cfg.seed,
-                                "encoder_frozen": cfg.encoder_lr == 0}
+                                "encoder_lr": cfg.encoder_lr, "encoder_layers": cfg.encoder_layers}
     # fp32 while training so a resumed run continues from exactly what it had; `export` writes F16.
     save_checkpoint(cfg.out, model, tok, config, dtype=torch.float32)  # copies to CPU
     tmp = os.path.join(cfg.out, STATE_FILE + ".tmp")
@@ -303,6 +328,7 @@ def register(commands, bench) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--encoder-lr", type=float, default=0.0, help="0 freezes the encoder (default)")
+    p.add_argument("--encoder-layers", type=int, help="with --encoder-lr: train only the top N encoder layers")
     p.add_argument("--head-layers", type=int, default=2, help="with --encoder: head transformer layers")
     p.add_argument("--spherical", type=float, default=0.5, help="weight of the spherical score")
     p.add_argument("--rps", type=float, default=1.0, help="weight of the ranked probability score (score questions)")
@@ -321,7 +347,7 @@ def _run(args) -> int:
     cfg = TrainConfig(data=args.data, out=args.out, init=args.init, encoder=args.encoder,
                       head_layers=args.head_layers, eval_data=args.eval_data, epochs=args.epochs,
                       max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
-                      encoder_lr=args.encoder_lr, loss=LossWeights(1.0, args.spherical, args.rps),
+                      encoder_lr=args.encoder_lr, encoder_layers=args.encoder_layers, loss=LossWeights(1.0, args.spherical, args.rps),
                       max_len=args.max_len, head_max_len=args.head_max_len, seed=args.seed,
                       eval_every=args.eval_every, save_every=args.save_every, resume=args.resume,
                       stop_at=args.stop_at,

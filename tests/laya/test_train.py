@@ -5,6 +5,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 import laya
@@ -144,3 +145,16 @@ def test_cli(laya_tiny_bert, data, tmp_path, capsys):
                  "--batch-size", "4", "--threads", "1", "--max-len", "64", "--head-max-len", "48"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 2
     assert Path(tmp_path / "cli" / "model.safetensors").is_file()
+
+
+def test_only_the_top_encoder_layers_train(laya_tiny_bert, data, tmp_path):
+    from laya.train import encoder_layer_prefixes
+
+    src = laya.load(laya_tiny_bert)
+    top = encoder_layer_prefixes(src.model, 1)
+    assert top == ["encoder.encoder.layer.1."]
+    train(_cfg(laya_tiny_bert, data, tmp_path / "top", encoder_lr=1e-2, encoder_layers=1), progress=False)
+    w = load_file(str(tmp_path / "top" / "model.safetensors"))
+    ref = {k: v.float() for k, v in src.model.state_dict().items()}
+    changed = {k for k in w if k.startswith("encoder.") and not torch.equal(w[k].float(), ref[k])}
+    assert changed and all(k.startswith(top[0]) for k in changed)

@@ -1,0 +1,67 @@
+"""laya-mini, the embedded default: it assembles from the committed head, refuses a mismatched one, and
+answers the billing scenario of the core issue as a support team would."""
+
+import json
+import shutil
+
+import pytest
+
+import laya
+from laya import mini
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return laya.load(str(mini.ensure()))
+
+
+def test_billing_scenario(agent):
+    out = agent.predict(mini.BILLING_STATE, mini.BILLING_QUESTIONS)["answers"]
+    assert out["department"]["choice"] == "billing"
+    assert out["churn_risk"]["noul"] > 0.5
+    assert out["urgency"]["score"] >= 1
+
+
+def test_load_without_a_path_serves_laya_mini(agent):
+    default = laya.load()
+    assert default.source == str(mini.default_dir())
+    q = {"churn_risk": mini.BILLING_QUESTIONS["churn_risk"]}
+    assert default.predict(mini.BILLING_STATE, q) == agent.predict(mini.BILLING_STATE, q)
+
+
+def test_is_built_tracks_the_committed_head(tmp_path):
+    assert mini.is_built(mini.default_dir())
+    fake_head = tmp_path / "head"
+    shutil.copytree(mini.HEAD_DIR, fake_head)
+    manifest = json.loads((fake_head / mini.MANIFEST).read_text())
+    manifest["head_sha256"] = "0" * 64
+    (fake_head / mini.MANIFEST).write_text(json.dumps(manifest))
+    assert not mini.is_built(mini.default_dir(), fake_head)   # a newer head means: rebuild
+
+
+def test_assemble_refuses_a_corrupted_head(tmp_path):
+    head = tmp_path / "head"
+    shutil.copytree(mini.HEAD_DIR, head)
+    shard = head / "head-00.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="sha256"):
+        mini.assemble(tmp_path / "out", head)
+
+
+def test_assemble_checks_answers_against_the_build(tmp_path):
+    head = tmp_path / "head"
+    shutil.copytree(mini.HEAD_DIR, head)
+    manifest = json.loads((head / mini.MANIFEST).read_text())
+    probs = manifest["probe"]["answers"]["department"]["probabilities"]
+    probs["billing"] = round(probs["billing"] - 0.1, 4)          # as if the encoder had changed under the head
+    (head / mini.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="encoder differs"):
+        mini.assemble(tmp_path / "out", head)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_head_says_how_to_build(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--from-scratch"):
+        mini.assemble(tmp_path / "out", tmp_path / "nothing")
