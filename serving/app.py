@@ -93,7 +93,8 @@ class Service:
             outputs = ticket.wait()
         except DeadlineExceeded:
             raise ApiError(504, f"no answer within the {self.cfg.request_timeout_s:g}s deadline", "timeout") from None
-        except ModelError:
+        except ModelError as exc:
+            log.error("request %s: model error (traceback above, from the model worker): %s", g.request_id, exc)
             raise ApiError(500, "the model failed on this request; see the server log for request "
                                 f"{g.request_id}", "model_error") from None
         results = [backend.finish(u, o) for u, o in zip(units, outputs)]
@@ -103,7 +104,8 @@ class Service:
 
 
 def create_app(cfg: ServeConfig | None = None, backend: Any = None) -> Flask:
-    """`backend` injects an already-loaded model (benchmarks in-process); otherwise it loads from `cfg`."""
+    """`backend` injects an already-loaded model (tests, embedding); otherwise it loads from `cfg` in the
+    background."""
     cfg = cfg or ServeConfig.from_sources()
     presets = load_presets(cfg.presets, cfg) if cfg.presets else {}
     policy = Policy.load(cfg.policy) if cfg.policy else None
