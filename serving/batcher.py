@@ -116,6 +116,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._stopping = False
         self._arriving = 0
+        self._local = threading.local()
         self._thread = threading.Thread(target=self._loop, name="pagoda-model-worker", daemon=True)
         self._thread.start()
 
@@ -135,6 +136,9 @@ class Batcher:
                 raise QueueFull(f"queue full ({len(self._queue)} states waiting, limit {self.limits.max_queue})")
             for index, (unit, (rows, width)) in enumerate(zip(units, costs)):
                 self._queue.append(_Entry(ticket, index, unit, rows, width))
+            if getattr(self._local, "arriving", False):  # this request has arrived: stop waiting for it
+                self._local.arriving = False
+                self._arriving -= 1
             self.metrics.queue_depth.set(len(self._queue))
             self._cv.notify()
         return ticket
@@ -145,12 +149,15 @@ class Batcher:
         waiting a moment would add this request to the batch it is about to run."""
         with self._cv:
             self._arriving += 1
+            self._local.arriving = True
         try:
             yield
         finally:
             with self._cv:
-                self._arriving -= 1
-                self._cv.notify()
+                if self._local.arriving:  # left without submitting (bad input, queue full)
+                    self._local.arriving = False
+                    self._arriving -= 1
+                    self._cv.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Finish what is queued, then end the worker."""

@@ -80,6 +80,12 @@ class _Server:
             self.proc.kill()
 
 
+def _rows_per_pass(url: str) -> tuple[int, int]:
+    """(question rows, forward passes) so far, from the server's /stats histogram."""
+    histogram = requests.get(url + "/stats", timeout=10).json()["batch_size_histogram"]
+    return sum(int(k) * v for k, v in histogram.items()), sum(histogram.values())
+
+
 def _closed_loop(url: str, body_for, clients: int, warmup: float, seconds: float) -> dict:
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
@@ -130,15 +136,16 @@ def run_bench(args, levels: list[int], out: TextIO) -> int:
             server.wait_ready()
             results[batching] = {}
             for clients in levels:
+                before = _rows_per_pass(server.url)
                 results[batching][clients] = stats = _closed_loop(server.url + "/decide", body_for, clients,
                                                                   args.warmup, args.seconds)
+                after = _rows_per_pass(server.url)
+                passes = after[1] - before[1]
+                rows = (after[0] - before[0]) / passes if passes else float("nan")
                 print(f"batching {'on ' if batching else 'off'} clients {clients:>3}: {stats['rps']:8.1f} "
                       f"decisions/s  p50 {stats['p50']:7.1f} ms  p99 {stats['p99']:7.1f} ms  "
-                      f"({stats['n']} ok, {stats['errors']} errors)", file=out, flush=True)
-            if batching:
-                batches = requests.get(server.url + "/stats", timeout=10).json()["batch_size_histogram"]
-                mean = sum(int(k) * v for k, v in batches.items()) / max(1, sum(batches.values()))
-                print(f"batching on: mean {mean:.1f} question rows per forward pass", file=out)
+                      f"({stats['n']} ok, {stats['errors']} errors; {rows:.1f} question rows per forward)",
+                      file=out, flush=True)
         finally:
             server.stop()
     off, on = results[False], results[True]
