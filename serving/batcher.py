@@ -171,8 +171,12 @@ class Batcher:
             batch = self._collect()
             if batch is None:
                 return
-            if batch:
+            try:
                 self._execute(batch)
+            except Exception as exc:  # noqa: BLE001 -- the worker must outlive any one batch
+                log.exception("model worker error")
+                for entry in batch:
+                    entry.ticket._fail(ModelError(str(exc)))
 
     def _collect(self) -> list[_Entry] | None:
         limits = self.limits
