@@ -39,7 +39,8 @@ def student_probs(path: Path, precision: str | None, texts: list[str]) -> dict[s
 def quality(probs: dict[str, np.ndarray], teacher: dict[str, np.ndarray], gold: dict[str, np.ndarray]) -> dict:
     out = {}
     for q, p in probs.items():
-        row = {"agreement": metrics.agreement(p, teacher[q]), "kl": metrics.mean_kl(teacher[q], p),
+        row = {"mean_top_p": float(p.max(-1).mean()),
+               "agreement": metrics.agreement(p, teacher[q]), "kl": metrics.mean_kl(teacher[q], p),
                "ece_teacher": metrics.ece_vs_teacher(p, teacher[q])}
         if q in gold:
             row["ece_gold"], row["acc_gold"] = metrics.ece_vs_gold(p, gold[q])
@@ -133,7 +134,7 @@ def write_report(run, d: dict) -> dict:
             bar.update(1)
         tq = {}
         for q in teacher:
-            tq[q] = {"agreement": 1.0, "kl": 0.0, "ece_teacher": 0.0}
+            tq[q] = {"mean_top_p": float(teacher[q].max(-1).mean()), "agreement": 1.0, "kl": 0.0, "ece_teacher": 0.0}
             if q in gold:
                 tq[q]["ece_gold"], tq[q]["acc_gold"] = metrics.ece_vs_gold(teacher[q], gold[q])
         report["teacher"] = {"questions": tq, "latency": tlat, "size_mb": dir_size_mb(run.teacher_dir),
@@ -177,13 +178,13 @@ def render(task, report: dict, pngs: list[str], run) -> str:
              "compare ratios). CPU ms: process CPU time per batch-1 call at 1 thread, i.e. the wall time an "
              "idle core would show.", ""]
     lines += ["## Quality per question", "",
-              "| model | question | agreement | mean KL | ECE vs teacher | ECE vs gold | accuracy vs gold |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+              "| model | question | mean top p | agreement | mean KL | ECE vs teacher | ECE vs gold | accuracy vs gold |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in rows:
         for q in qs:
             m = r["questions"][q]
-            lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
-                name, q, _fmt(m["agreement"]), _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]),
+            lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                name, q, _fmt(m["mean_top_p"]), _fmt(m["agreement"]), _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]),
                 _fmt(m.get("ece_gold")), _fmt(m.get("acc_gold"))))
     keys = list(report["teacher"]["latency"])
     lines += ["", "## Latency and size", "",
