@@ -30,6 +30,7 @@ def servers(tmp_path_factory):
                                                         "--request-timeout-s", "1.0"],
                                  env={"PAGODA_API_KEY": API_KEY}),
     }
+    procs["main"].first_answer()
     yield procs
     for proc in procs.values():
         proc.stop()

@@ -54,9 +54,20 @@ class ServerProcess:
             [sys.executable, "-m", "serving.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
              *self.flags], cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         self._ready = False
+        self.ready_statuses: list[int] = []  # what /ready answered while the model loaded
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def first_answer(self, timeout: float = 120.0) -> None:
+        """Poll /ready until the process answers at all, recording what it said (503 while loading)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                self.ready_statuses.append(requests.get(self.url + "/ready", timeout=5).status_code)
+                return
+            except (requests.ConnectionError, requests.Timeout):
+                time.sleep(0.05)
 
     def running(self, timeout: float = 240.0, headers: dict | None = None) -> ServerProcess:
         if self.proc.poll() is not None and self._ready:
@@ -68,7 +79,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
             try:
-                if requests.get(self.url + "/ready", headers=headers, timeout=5).status_code == 200:
+                status = requests.get(self.url + "/ready", headers=headers, timeout=5).status_code
+                self.ready_statuses.append(status)
+                if status == 200:
                     self._ready = True
                     return self
             except (requests.ConnectionError, requests.Timeout):

@@ -44,6 +44,8 @@ def assert_error(response, status: int, type_: str, field: str | None = None) ->
 
 
 def test_health_ready_models(server):
+    # the process answered while the model was loading: /ready said 503 until it was in memory
+    assert server.ready_statuses[0] == 503 and server.ready_statuses[-1] == 200
     assert requests.get(server.url + "/health", timeout=5).json() == {"status": "ok"}
     ready = requests.get(server.url + "/ready", timeout=5)
     assert ready.status_code == 200 and ready.json()["kind"] == "laya"
