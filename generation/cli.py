@@ -55,16 +55,16 @@ def _generate(args: argparse.Namespace) -> int:
         if args.stream:
             for event in engine.stream(prompt, params):
                 first = first or time.perf_counter()
+                cached = event.cached_tokens
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             print()
-            out = None
         else:
             (out,) = engine.generate(prompt, params)
+            cached = out.cached_tokens
             print(out.text)
         secs = time.perf_counter() - start
         st = engine.stats()
-        cached = out.cached_tokens if out else st["compute_saved_tokens"]
         ttft = f", first token {1000 * (first - start):.0f} ms" if first else ""
         print(f"[run {run}/{args.repeat}] {secs * 1000:.0f} ms{ttft}; cached prompt tokens {cached}; "
               f"compute_saved_tokens {st['compute_saved_tokens']}, prefill_skip_ratio {st['prefill_skip_ratio']:.2f}, "

@@ -46,6 +46,7 @@ class TokenEvent:
     text: str
     finish_reason: str | None = None
     logprob: dict[str, Any] | None = None
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -61,11 +62,8 @@ class KVPrefix:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
-        if config is None:
-            config = EngineConfig(**overrides)
-        elif overrides:
-            raise ValueError("Engine: pass either an EngineConfig or keyword overrides, not both")
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig()
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -229,7 +227,7 @@ class Engine:
                 if tok is None:
                     continue
                 yield TokenEvent(seq.index, tok, self._new_text(seq), seq.finish_reason,
-                                 seq.logprobs[-1] if seq.params.logprobs is not None else None)
+                                 seq.logprobs[-1] if seq.params.logprobs is not None else None, seq.cached_tokens)
         finally:  # a consumer that stops early must not leave its requests holding the pool
             for seq in seqs:
                 if seq.status is not Status.FINISHED:

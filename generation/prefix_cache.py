@@ -44,9 +44,6 @@ class PrefixCache:
     def num_cached_blocks(self) -> int:
         return 0
 
-    def full_pages(self, tokens: Seq[int]) -> int:
-        return len(tokens) // self.block_size
-
 
 def make_prefix_cache(backend: str, blocks: BlockManager) -> PrefixCache:
     if backend == "radix":
