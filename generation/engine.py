@@ -126,7 +126,7 @@ class Engine:
         """Run one scheduled batch; returns (sequence, new token or None) for every sequence that moved."""
         plan = self.scheduler.schedule()
         if not plan:
-            if self.scheduler.waiting and not self.scheduler.running:
+            if self.scheduler.waiting or self.scheduler.running:
                 raise RuntimeError("KV pool too small for the waiting request: raise EngineConfig.num_blocks "
                                    "or kv_cache_memory_mb")
             return []
@@ -190,10 +190,15 @@ class Engine:
 
     def _run(self, seqs: list[Sequence]) -> Iterator[tuple[Sequence, int | None]]:
         mine = {id(s) for s in seqs}
-        while any(s.status is not Status.FINISHED for s in seqs):
-            for seq, tok in self.step():
-                if id(seq) in mine:
-                    yield seq, tok
+        try:
+            while any(s.status is not Status.FINISHED for s in seqs):
+                for seq, tok in self.step():
+                    if id(seq) in mine:
+                        yield seq, tok
+        finally:  # an error or a consumer that stops early must not leave its requests holding the pool
+            for seq in seqs:
+                if seq.status is not Status.FINISHED:
+                    self.scheduler.abort(seq)
 
     def _submit(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None,
                 prefix: KVPrefix | None) -> list[Sequence]:
@@ -222,16 +227,15 @@ class Engine:
     def stream(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
                *, checkpoint: str | None = None) -> Iterator[TokenEvent]:
         seqs = self._submit(prompts, params, self._checkpoint(checkpoint))
+        run = self._run(seqs)
         try:
-            for seq, tok in self._run(seqs):
+            for seq, tok in run:
                 if tok is None:
                     continue
                 yield TokenEvent(seq.index, tok, self._new_text(seq), seq.finish_reason,
                                  seq.logprobs[-1] if seq.params.logprobs is not None else None, seq.cached_tokens)
-        finally:  # a consumer that stops early must not leave its requests holding the pool
-            for seq in seqs:
-                if seq.status is not Status.FINISHED:
-                    self.scheduler.abort(seq)
+        finally:
+            run.close()
 
     def _new_text(self, seq: Sequence) -> str:
         if seq.status is not Status.FINISHED and not seq.params.stop:

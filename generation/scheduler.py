@@ -80,6 +80,15 @@ class Scheduler:
             seq.block_table.append(block)
         return True
 
+    def _grow_or_preempt(self, seq: Sequence, upto: int, plan: StepPlan) -> bool:
+        planned = {id(s) for s in plan.decode} | {id(s) for s, _ in plan.prefill}
+        while not self._grow(seq, upto, plan):
+            victim = next(v for v in reversed(self.running) if id(v) not in planned)  # seq itself is unplanned
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
     def release(self, seq: Sequence) -> None:
         """Offer the sequence's computed blocks to the cache, then drop its own references."""
         handle = self.cache.insert(seq.all_ids[: seq.num_computed], seq.block_table, seq.salt)
@@ -162,29 +171,24 @@ class Scheduler:
         plan = StepPlan()
         budget = self.cfg.max_num_batched_tokens
         max_len = self.cfg.max_model_len
-        # 1) decodes: oldest first; the youngest is preempted when a block cannot be found
-        for seq in list(self.running):
-            if seq not in self.running or seq.num_uncomputed != 1:
-                continue
-            while not self._grow(seq, seq.num_computed + 1, plan):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            else:
-                plan.decode.append(seq)
-        budget -= len(plan.decode)
-        # 2) running prefills continue
-        for seq in list(self.running):
-            if seq.num_uncomputed <= 1 or seq not in self.running:
-                continue
-            n = seq.num_uncomputed if not self.cfg.chunked_prefill else min(seq.num_uncomputed, budget)
-            if n <= 0 or (not self.cfg.chunked_prefill and n > budget and plan):
-                continue
-            if not self._grow(seq, seq.num_computed + n, plan):
-                continue
-            plan.prefill.append((seq, n))
-            budget -= n
+        # 1) decodes, oldest first, then 2) running prefills continue; when a block cannot be found even
+        # after eviction, the youngest sequence not yet planned this step is preempted (possibly itself)
+        for phase in ("decode", "prefill"):
+            for seq in list(self.running):
+                if seq not in self.running or (seq.num_uncomputed == 1) != (phase == "decode"):
+                    continue
+                n = 1
+                if phase == "prefill":
+                    n = seq.num_uncomputed if not self.cfg.chunked_prefill else min(seq.num_uncomputed, budget)
+                    if n <= 0 or (not self.cfg.chunked_prefill and n > budget and plan):
+                        continue
+                if not self._grow_or_preempt(seq, seq.num_computed + n, plan):
+                    continue
+                if phase == "decode":
+                    plan.decode.append(seq)
+                else:
+                    plan.prefill.append((seq, n))
+                budget -= n
         # 3) admit waiting requests
         inflight = {self._next_block_key(s, s.num_computed) for s, _ in plan.prefill} - {None}
         for seq in self._order_waiting():

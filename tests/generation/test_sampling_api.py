@@ -120,6 +120,16 @@ def test_checkpoint_pins_prefix_and_branches_hit_fully(tiny_llama):
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
+def test_pool_pinned_full_preempts_prefill_then_fails_clearly(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=12, max_num_batched_tokens=8))
+    cid = engine.checkpoint(list(range(10, 42)))  # pins 8 of the 12 blocks
+    with pytest.raises(RuntimeError, match="KV pool too small"):
+        engine.generate([list(range(50, 80))], SamplingParams(max_new_tokens=4))
+    assert not engine.scheduler.waiting and not engine.scheduler.running  # the failed request was dropped
+    engine.release(cid)
+    assert len(engine.generate([list(range(50, 80))], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids) == 4
+
+
 def test_session_feeds_only_new_tokens(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=128, cache_backend="none"))
     turns = [[11, 12, 13, 14, 15], [20, 21], [30, 31, 32]]
