@@ -36,6 +36,7 @@ def register(commands, bench) -> None:
     b.add_argument("--decode-tokens", type=int, default=128)
     b.add_argument("--ttft-tokens", type=int, default=1000)
     b.add_argument("--parts", default="abc", help="subset of a (shared prefix), b (single stream), c (warm TTFT)")
+    b.add_argument("--plot", default=None, help="write a PNG bar chart of the ratios to this path")
     b.set_defaults(func=_bench)
 
 
@@ -73,9 +74,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from generation.bench import run
+    from generation.bench import plot, run
 
-    run(args.model, requests=args.requests, prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,
-        decode_tokens=args.decode_tokens, ttft_tokens=args.ttft_tokens, threads=args.threads, dtype=args.dtype,
-        parts=args.parts, device=args.device)
+    results = run(args.model, requests=args.requests, prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,
+                  decode_tokens=args.decode_tokens, ttft_tokens=args.ttft_tokens, threads=args.threads,
+                  dtype=args.dtype, parts=args.parts, device=args.device)
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
     return 0
