@@ -140,7 +140,7 @@ def plot(results: dict[str, float], path: str) -> None:
 
     rows = [("(a) shared prefix\nthroughput vs HF", "shared_prefix_speedup", 3.0),
             ("(b) single stream\ntok/s vs HF", "single_stream_ratio", 1.0),
-            ("(c) HF-free: cold / warm\nTTFT (1,000 tokens)", "ttft_warm_over_cold", 10.0)]
+            ("(c) engine cold / warm\nTTFT, 1,000 tokens", "ttft_warm_over_cold", 10.0)]
     rows = [(label, (1 / results[key]) if key == "ttft_warm_over_cold" else results[key], target)
             for label, key, target in rows if key in results]
     fig, ax = plt.subplots(figsize=(7, 3.2))
