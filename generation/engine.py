@@ -338,6 +338,8 @@ class Session:
     def send(self, prompt: Prompt, params: SamplingParams | None = None) -> GenerationOutput:
         """Append `prompt` to the conversation and generate; the reply becomes part of the history."""
         params = params or SamplingParams()
+        if params.max_new_tokens < 1:
+            raise ValueError("params.max_new_tokens: a session turn must generate at least 1 token")
         if params.cache_salt != self.salt:
             params = SamplingParams(**{**params.__dict__, "cache_salt": self.salt})
         ids = self.engine.encode(prompt)
