@@ -61,7 +61,7 @@ $(REFVENV)/bin/python:
 # A distilled edge student (docs/distill.md): laya-mini labels our synthetic ticket corpus, a 3-layer
 # MiniLM student learns department/urgency/churn, exported to ONNX (int8) with a report. Rerunning
 # resumes; STUDENT_TICKETS sizes the corpus (a different size needs a fresh output folder).
-STUDENT_TICKETS ?= 2500
+STUDENT_TICKETS ?= 2000
 STUDENT_DIR := models/students/support-triage
 student: install model
 	$(PY) -m distill.corpus --tickets $(STUDENT_TICKETS) --out models/students/support-triage-tickets.jsonl
