@@ -59,7 +59,10 @@ def resolve_teacher(teacher: str) -> Path:
     if teacher == "default":
         from laya.agent import default_model_path
 
-        return default_model_path()
+        path = default_model_path()
+        if not (path / "rl_agent_config.json").is_file():
+            raise FileNotFoundError(f"teacher: the default laya-mini is not built at {path} (run `make model`)")
+        return path
     path = Path(teacher)
     if not (path / "rl_agent_config.json").is_file():
         raise FileNotFoundError(f"teacher: {path} is not a Laya checkpoint folder (no rl_agent_config.json)")
