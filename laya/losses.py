@@ -10,8 +10,10 @@ the right level on ordered `score` questions, which the log score ignores.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # `pagoda --help` imports laya.train for LossWeights; torch loads only when a loss runs
+    import torch
 
 SCORE_QTYPE = 1
 
@@ -33,18 +35,24 @@ class LossWeights:
 
 def log_score(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row cross-entropy -sum t log p over the valid slots ([B])."""
+    import torch
+
     logp = torch.log_softmax(logits.masked_fill(~mask, -1e4), -1)
     return -(target * logp).masked_fill(~mask, 0.0).sum(-1)
 
 
 def spherical_score(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row 1 - <t, p> / ||p||: zero for a certain right answer, at most 1."""
+    import torch
+
     p = torch.softmax(logits.masked_fill(~mask, -1e4), -1) * mask
     return 1.0 - (target * p).sum(-1) / p.norm(dim=-1).clamp_min(1e-12)
 
 
 def ranked_probability_score(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row mean squared gap between predicted and target CDFs over the k ordered levels."""
+    import torch
+
     p = torch.softmax(logits.masked_fill(~mask, -1e4), -1) * mask
     gap = (torch.cumsum(p, -1) - torch.cumsum(target * mask, -1)) ** 2
     k = mask.sum(-1)
