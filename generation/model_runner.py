@@ -78,16 +78,18 @@ class ModelRunner:
         if nd:
             bs = self.block_size
             # leading blocks identical in every decode row (all full: a row only writes past them)
-            same = (tables[:nd] == tables[:1]).all(0).long().cumprod(0)
-            common = min(int(same.sum()), min(p // bs for p in positions[:nd]))
+            common = 0
+            if nd > 1:  # a single row shares with nobody: plain attention over its context
+                same = (tables[:nd] == tables[:1]).all(0).long().cumprod(0)
+                common = min(int(same.sum()), min(p // bs for p in positions[:nd]))
             ctx = pos_t[:nd] + 1
-            start = common * bs
-            span = torch.arange(start, int(ctx.max()), device=dev)
+            span = torch.arange(common * bs, int(ctx.max()), device=dev)
             batch.decode_slots = self._slots(tables[:nd], span.expand(nd, span.numel()))
             if common:
                 batch.decode_shared = tables[0, :common]
                 span = torch.arange(int(ctx.max()), device=dev)
-            batch.decode_mask = (span[None, :] < ctx[:, None])[:, None, None, :]
+            if common or int(ctx.min()) != int(ctx.max()):
+                batch.decode_mask = (span[None, :] < ctx[:, None])[:, None, None, :]
         offset = nd
         for i, (seq, n) in enumerate(plan.prefill):
             start = seq.num_computed

@@ -183,18 +183,16 @@ class LlamaModel:
         scale = D**-0.5
         own_k = k_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)  # [B, KV, Lown, D]
         own_v = v_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)
-        scores = torch.matmul(qg, own_k.transpose(-1, -2))  # [B, KV, G, Lown]
         shared = batch.decode_shared
-        if shared is not None:
-            sk = k_pool[shared].view(-1, KV, D).permute(1, 2, 0)  # [KV, D, Ls]
-            sv = v_pool[shared].view(-1, KV, D).transpose(0, 1)  # [KV, Ls, D]
-            rows = qg.permute(1, 0, 2, 3).reshape(KV, B * G, D)
-            s_shared = torch.matmul(rows, sk).view(KV, B, G, -1).permute(1, 0, 2, 3)
-            scores = torch.cat([s_shared, scores], dim=-1)
+        if shared is None:  # nothing shared (e.g. a single stream): one fused SDPA call
+            return F.scaled_dot_product_attention(qg, own_k, own_v, attn_mask=batch.decode_mask).view(B, KV * G, D)
+        sk = k_pool[shared].view(-1, KV, D).permute(1, 2, 0)  # [KV, D, Ls]
+        sv = v_pool[shared].view(-1, KV, D).transpose(0, 1)  # [KV, Ls, D]
+        rows = qg.permute(1, 0, 2, 3).reshape(KV, B * G, D)
+        s_shared = torch.matmul(rows, sk).view(KV, B, G, -1).permute(1, 0, 2, 3)
+        scores = torch.cat([s_shared, torch.matmul(qg, own_k.transpose(-1, -2))], dim=-1)  # [B, KV, G, Ls + Lown]
         scores = (scores.float() * scale).masked_fill(~batch.decode_mask, float("-inf"))
         probs = scores.softmax(-1).to(q.dtype)
-        if shared is None:
-            return torch.matmul(probs, own_v).view(B, KV * G, D)
         ls = sv.shape[1]
         out = torch.matmul(probs[..., ls:], own_v)
         p_shared = probs[..., :ls].permute(1, 0, 2, 3).reshape(KV, B * G, ls)
