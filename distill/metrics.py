@@ -32,6 +32,19 @@ def agreement(student: np.ndarray, teacher: np.ndarray) -> float:
     return float((student.argmax(-1) == teacher.argmax(-1)).mean())
 
 
+def decisive_agreement(student: np.ndarray, teacher: np.ndarray, margin: float = 0.05) -> tuple[float, float]:
+    """(agreement, share of rows) over rows where the teacher's top two options differ by >= `margin`.
+
+    Where the teacher is torn between options its argmax is a coin toss a faithful student cannot
+    (and should not) reproduce; this is the agreement that measures copying a decision.
+    """
+    top2 = np.sort(teacher, axis=-1)[:, -2:]
+    keep = (top2[:, 1] - top2[:, 0]) >= margin
+    if not keep.any():
+        return float("nan"), 0.0
+    return agreement(student[keep], teacher[keep]), float(keep.mean())
+
+
 def mean_kl(teacher: np.ndarray, student: np.ndarray, eps: float = 1e-7) -> float:
     """KL(teacher || student) in nats, averaged over rows."""
     t = np.clip(teacher, eps, 1.0)

@@ -39,8 +39,10 @@ def student_probs(path: Path, precision: str | None, texts: list[str]) -> dict[s
 def quality(probs: dict[str, np.ndarray], teacher: dict[str, np.ndarray], gold: dict[str, np.ndarray]) -> dict:
     out = {}
     for q, p in probs.items():
+        decisive, share = metrics.decisive_agreement(p, teacher[q])
         row = {"mean_top_p": float(p.max(-1).mean()),
-               "agreement": metrics.agreement(p, teacher[q]), "kl": metrics.mean_kl(teacher[q], p),
+               "agreement": metrics.agreement(p, teacher[q]), "decisive_agreement": decisive, "decisive_share": share,
+               "kl": metrics.mean_kl(teacher[q], p),
                "ece_teacher": metrics.ece_vs_teacher(p, teacher[q])}
         if q in gold:
             row["ece_gold"], row["acc_gold"] = metrics.ece_vs_gold(p, gold[q])
@@ -134,7 +136,9 @@ def write_report(run, d: dict) -> dict:
             bar.update(1)
         tq = {}
         for q in teacher:
-            tq[q] = {"mean_top_p": float(teacher[q].max(-1).mean()), "agreement": 1.0, "kl": 0.0, "ece_teacher": 0.0}
+            share = metrics.decisive_agreement(teacher[q], teacher[q])[1]
+            tq[q] = {"mean_top_p": float(teacher[q].max(-1).mean()), "agreement": 1.0, "decisive_agreement": 1.0,
+                     "decisive_share": share, "kl": 0.0, "ece_teacher": 0.0}
             if q in gold:
                 tq[q]["ece_gold"], tq[q]["acc_gold"] = metrics.ece_vs_gold(teacher[q], gold[q])
         report["teacher"] = {"questions": tq, "latency": tlat, "size_mb": dir_size_mb(run.teacher_dir),
@@ -174,17 +178,20 @@ def render(task, report: dict, pngs: list[str], run) -> str:
              f"Held-out rows: {report['held_out_rows']} (never trained or calibrated on). "
              f"Teacher: `{report['teacher']['path']}`.",
              "ECE vs teacher: 15 bins of the student's top probability against the teacher's probability of the "
-             "same option. Latency: ms per state, measured in one process on a shared machine (noisy: "
+             "same option. Decisive rows: the teacher's top two options differ by >= 0.05 (elsewhere its argmax is "
+             "a coin toss). Latency: ms per state, measured in one process on a shared machine (noisy: "
              "compare ratios). CPU ms: process CPU time per batch-1 call at 1 thread, i.e. the wall time an "
              "idle core would show.", ""]
     lines += ["## Quality per question", "",
-              "| model | question | mean top p | agreement | mean KL | ECE vs teacher | ECE vs gold | accuracy vs gold |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| model | question | mean top p | agreement | agreement, decisive rows (share) | mean KL "
+              "| ECE vs teacher | ECE vs gold | accuracy vs gold |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in rows:
         for q in qs:
             m = r["questions"][q]
-            lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
-                name, q, _fmt(m["mean_top_p"]), _fmt(m["agreement"]), _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]),
+            lines.append("| {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} |".format(
+                name, q, _fmt(m["mean_top_p"]), _fmt(m["agreement"]), _fmt(m["decisive_agreement"]),
+                _fmt(m["decisive_share"], ".2f"), _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]),
                 _fmt(m.get("ece_gold")), _fmt(m.get("acc_gold"))))
     keys = list(report["teacher"]["latency"])
     lines += ["", "## Latency and size", "",
