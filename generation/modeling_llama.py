@@ -185,7 +185,7 @@ class LlamaModel:
         own_v = v_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)
         shared = batch.decode_shared
         if shared is None:  # nothing shared (e.g. a single stream): one fused SDPA call
-            return F.scaled_dot_product_attention(qg, own_k, own_v, attn_mask=batch.decode_mask).view(B, KV * G, D)
+            return F.scaled_dot_product_attention(qg, own_k, own_v, attn_mask=batch.decode_mask).reshape(B, KV * G, D)
         sk = k_pool[shared].view(-1, KV, D).permute(1, 2, 0)  # [KV, D, Ls]
         sv = v_pool[shared].view(-1, KV, D).transpose(0, 1)  # [KV, Ls, D]
         rows = qg.permute(1, 0, 2, 3).reshape(KV, B * G, D)
