@@ -31,12 +31,14 @@ lint: install
 
 # laya-mini, the embedded default (docs/laya-mini.md): the installed all-MiniLM-L6-v2 encoder plus the
 # trained head committed in models/laya-mini-head/, checked against the build's probe; skips when built.
-# model-scratch retrains that head from the rebuilt corpus (minutes on 2 cores, progress bar).
+# model-scratch retrains that head from the rebuilt corpus (progress bar): about 2.5 minutes on one GPU
+# (make model-scratch MODEL_DEVICE=cuda), hours on 2 CPU cores.
+MODEL_DEVICE ?= cpu
 model: install
 	$(PY) -m laya.mini build
 
 model-scratch: install
-	$(PY) -m laya.mini build --from-scratch --force --threads 2
+	$(PY) -m laya.mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE)
 
 # The decision service (gunicorn, POST /decide) on the embedded laya-mini, built first if missing.
 # Flags and PAGODA_* variables configure it (docs/serving.md): make serve SERVE_ARGS="--port 9000".

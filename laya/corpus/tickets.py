@@ -126,6 +126,16 @@ _URGENCY_CUES: tuple[tuple[str, ...], ...] = (
      "Production is down for all our users.", "We have a deadline in two hours and cannot work."),
 )
 
+# Deadlines are often folded into the request itself ("please refund it today") rather than said in a
+# sentence of their own; a model that only saw stand-alone cues would miss them.
+_URGENCY_DEADLINES: tuple[tuple[str, ...], ...] = (
+    (),
+    ("this week", "in the next few days", "by Friday", "soon", "before the end of the month"),
+    ("today", "right away", "immediately", "within the hour", "before tonight", "by end of day"),
+)
+_REQUESTS = ("Please sort it out", "Please fix it", "Please refund the difference", "Please correct it",
+             "Please look into it", "Can you resolve this", "I need an answer")
+
 _CHURN_CUES = (
     "or we will cancel our plan.", "If this is not fixed we are switching to a competitor.",
     "I'm seriously thinking about cancelling my subscription.", "Otherwise I will close my account.",
@@ -204,7 +214,10 @@ def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> di
             problem.pop()
     parts = list(problem)
     # Not every ticket states its urgency: "not urgent" often goes unsaid, and readers infer it.
-    if urgency > 0 or rng.random() < 0.6:
+    if urgency > 0 and rng.random() < 0.4:
+        request = rng.choice(_REQUESTS) + " " + rng.choice(_URGENCY_DEADLINES[urgency])
+        parts.append(request + ("?" if request.startswith("Can") else "."))
+    elif urgency > 0 or rng.random() < 0.6:
         parts.insert(rng.randrange(1, len(parts) + 1), rng.choice(_URGENCY_CUES[urgency]))
     if churn:
         cue = rng.choice(_CHURN_CUES)
