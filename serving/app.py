@@ -260,16 +260,14 @@ def create_app(cfg: ServeConfig | None = None, backend: Any = None) -> Flask:
 
 def _configure_logging() -> None:
     """Access lines are bare JSON on stderr; everything else under `pagoda.` gets a timestamped line."""
-    if not access_log.handlers:
+    _log_to_stderr(access_log, "%(message)s")
+    _log_to_stderr(logging.getLogger("pagoda"), "%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _log_to_stderr(logger: logging.Logger, fmt: str) -> None:
+    if not logger.handlers:  # gunicorn re-imports the app per worker: never stack handlers
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access_log.addHandler(handler)
-        access_log.setLevel(logging.INFO)
-        access_log.propagate = False
-    root = logging.getLogger("pagoda")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        root.propagate = False
+        handler.setFormatter(logging.Formatter(fmt))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
