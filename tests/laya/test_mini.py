@@ -8,6 +8,7 @@ import pytest
 
 import laya
 from laya import mini
+from laya.bench import scenario
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def agent():
 
 
 def test_billing_scenario(agent):
-    out = agent.predict(mini.BILLING_STATE, mini.BILLING_QUESTIONS)["answers"]
+    out = agent.predict(*scenario())["answers"]
     assert out["department"]["choice"] == "billing"
     assert out["churn_risk"]["noul"] > 0.5
     assert out["urgency"]["score"] >= 1
@@ -25,8 +26,9 @@ def test_billing_scenario(agent):
 def test_load_without_a_path_serves_laya_mini(agent):
     default = laya.load()
     assert default.source == str(mini.default_dir())
-    q = {"churn_risk": mini.BILLING_QUESTIONS["churn_risk"]}
-    assert default.predict(mini.BILLING_STATE, q) == agent.predict(mini.BILLING_STATE, q)
+    state, questions = scenario()
+    q = {"churn_risk": questions["churn_risk"]}
+    assert default.predict(state, q) == agent.predict(state, q)
 
 
 def test_is_built_tracks_the_committed_head(tmp_path):
