@@ -30,15 +30,15 @@ lint: install
 	$(PY) -m ruff check .
 
 # laya-mini, the embedded default (docs/laya-mini.md): the installed all-MiniLM-L6-v2 encoder plus the
-# trained head committed in models/laya-mini-head/, checked against the build's probe; skips when built.
+# trained head committed in laya/training/mini_head/, checked against the build's probe; skips when built.
 # model-scratch retrains that head from the rebuilt corpus (progress bar): about 2.5 minutes on one GPU
 # (make model-scratch MODEL_DEVICE=cuda), hours on 2 CPU cores.
 MODEL_DEVICE ?= cpu
 model: install
-	$(PY) -m laya.mini build
+	$(PAGODA) laya-mini build
 
 model-scratch: install
-	$(PY) -m laya.mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE)
+	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) --figures docs/img
 
 # The decision service (gunicorn, POST /decide) on the embedded laya-mini, built first if missing.
 # Flags and PAGODA_* variables configure it (docs/serving.md): make serve SERVE_ARGS="--port 9000".

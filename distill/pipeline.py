@@ -57,9 +57,9 @@ class Layout:
 
 def resolve_teacher(teacher: str) -> Path:
     if teacher == "default":
-        from laya.agent import default_model_path
+        from laya.paths import default_model_dir
 
-        path = default_model_path()
+        path = default_model_dir()
         if not (path / "rl_agent_config.json").is_file():
             raise FileNotFoundError(f"teacher: the default laya-mini is not built at {path} (run `make model`)")
         return path

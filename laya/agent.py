@@ -14,24 +14,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from laya import answers
+from laya.calibration import Temperatures
 from laya.checkpoint import load_checkpoint
 from laya.config import LayaConfig
+from laya.errors import InputError
 from laya.modeling_laya import LayaModel
+from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
 from laya.questions import Question, parse_questions
-from laya.sequence import Budgets, Row, build_rows, check_state, collate, encode_head
-from laya.temperature import Temperatures
+from laya.rows import Budgets, Row, build_rows, check_state, collate, encode_head
 from laya.tokenizer import LayaTokenizer
 
 PAD_MULTIPLE = 16
 MAX_BATCH_TOKENS = 16384
-DEFAULT_MODEL_ENV = "PAGODA_LAYA_MINI"
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Agent:
 
     def prepare(self, state: Any, questions: Any, *, max_len: int | None = None, head_max_len: int | None = None,
                 min_confidence: Any = None, option_order: dict[str, Any] | None = None) -> Prepared:
-        """Validate and tokenise one request; every bad input raises `ValueError` here, before any compute."""
+        """Validate and tokenise one request; every bad input raises `InputError` here, before any compute."""
         check_state(state)
         parsed = parse_questions(questions, option_order)
         budgets = self.budgets(max_len, head_max_len)
@@ -126,9 +126,9 @@ class Agent:
         chunks carry less padding (it cannot change results: see `forward`).
         """
         if not isinstance(states, list):
-            raise ValueError(f"states: expected a list of states, got {type(states).__name__}")
+            raise InputError(f"states: expected a list of states, got {type(states).__name__}", field="states")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+            raise InputError(f"batch_size: must be a positive integer, got {batch_size!r}", field="batch_size")
         prepared = [self.prepare(s, questions, **kwargs) for s in states]
         order = list(range(len(prepared)))
         if sort_by_length:
@@ -146,16 +146,12 @@ class Agent:
         return results  # type: ignore[return-value]
 
 
-def default_model_path() -> Path:
-    env = os.environ.get(DEFAULT_MODEL_ENV)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "models" / "laya-mini"
-
-
 def load(path: str | os.PathLike | None = None, device: str = "cpu") -> Agent:
     """An `Agent` for an official-layout checkpoint folder; `None` loads the embedded laya-mini."""
     if path is None:
-        path = default_model_path()
+        path = default_model_dir()
         if not (path / "rl_agent_config.json").is_file():
-            raise FileNotFoundError(f"the default model is not built at {path} (set ${DEFAULT_MODEL_ENV} or run `make model`)")
+            raise FileNotFoundError(f"the default model is not built at {path} (run `pagoda laya-mini build`, "
+                                    f"or set ${DEFAULT_MODEL_ENV} to a built copy)")
     model, tokenizer, config = load_checkpoint(str(path))
     return Agent(model, tokenizer, config, device=device, source=str(path))

@@ -1,8 +1,10 @@
-"""Per-question probabilities -> the official answer JSON.
+"""Per-question probabilities <-> the official answer JSON, for Laya checkpoints and students alike.
 
 The numerics follow the official runtime step for step (float32 logits divided by T in numpy,
 max-shifted exp, normalise, round to 4 decimals), so answers agree to the last printed digit
-rather than "approximately".
+rather than "approximately". A distilled student answers through the same `answer`, so both emit
+one shape (a student has no act head: its `action.act_probability` is null), and its labeller reads
+a teacher's answer back with `probabilities_from_answer`.
 """
 
 from __future__ import annotations
@@ -12,19 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from laya.calibration import BUCKET_KEYS, bucket_key, softmax
+from laya.errors import InputError
 from laya.questions import Question
-from laya.sequence import Row
+from laya.rows import Row
 
 MODEL_NAME = "laya-rl-agent"
-BUCKET_SIZES = ("2", "3-5", "6-10", "11+")
-GATE_KEYS = {f"{t}:{s}" for t in ("choice", "score", "noul") for s in BUCKET_SIZES} | {"default"}
+GATE_KEYS = BUCKET_KEYS | {"default"}
 
 
 def probabilities(logits: np.ndarray, temperature: float, option_order: tuple[int, ...] | None) -> np.ndarray:
     """Calibrated option probabilities in option-index order (the row comes in slot order)."""
-    z = logits / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
+    p = softmax(logits, temperature)
     if option_order is not None:
         canonical = np.empty_like(p)
         canonical[np.asarray(option_order, dtype=int)] = p
@@ -40,9 +41,11 @@ def _entropy_confidence(p: np.ndarray) -> float:
     return min(1.0, max(0.0, 1.0 - entropy / math.log(k)))
 
 
-def answer(q: Question, p: np.ndarray, act_probability: float) -> dict[str, Any]:
+def answer(q: Question, p: np.ndarray, act_probability: float | None) -> dict[str, Any]:
+    """One question's answer; `act_probability` None (a student) leaves `action.act_probability` null."""
     top = min(1.0, max(0.0, float(p.max())))
-    common = {"answer_confidence": round(top, 4), "action": {"act_probability": round(float(act_probability), 4)}}
+    act = None if act_probability is None else round(float(act_probability), 4)
+    common = {"answer_confidence": round(top, 4), "action": {"act_probability": act}}
     if q.type == "choice":
         return {"type": "choice", "choice": q.keys[int(p.argmax())],
                 "probabilities": {k: round(float(v), 4) for k, v in zip(q.keys, p)},
@@ -54,6 +57,27 @@ def answer(q: Question, p: np.ndarray, act_probability: float) -> dict[str, Any]
                 "confidence": round(_entropy_confidence(p), 4), **common}
     p_true = float(p[1])
     return {"type": "noul", "noul": round(p_true, 4), "confidence": round(max(p_true, 1.0 - p_true), 4), **common}
+
+
+def probabilities_from_answer(q: Question, answer: dict[str, Any]) -> np.ndarray:
+    """A question's distribution read back from its answer, in option-index order, renormalised.
+
+    Answers are rounded to 4 decimals, so the vector is renormalised: soft targets must sum to one.
+    """
+    if q.type == "noul":
+        p_true = float(answer["noul"])
+        p = np.array([1.0 - p_true, p_true])
+    else:
+        probs = answer["probabilities"]
+        try:
+            p = np.array([float(probs[k] if k in probs else probs[str(k)]) for k in q.keys])
+        except KeyError as exc:
+            raise ValueError(f"answer for question {q.name!r} lacks option {exc}") from None
+    p = np.clip(p, 0.0, None)
+    total = p.sum()
+    if not total > 0:
+        raise ValueError(f"answer for question {q.name!r} has no probability mass")
+    return p / total
 
 
 def usage(rows: list[Row]) -> dict[str, Any]:
@@ -82,17 +106,18 @@ def check_min_confidence(value: Any) -> float | dict[str, float] | None:
         return None
     if isinstance(value, dict):
         if not value:
-            raise ValueError("min_confidence: a per-bucket map must not be empty")
+            raise InputError("min_confidence: a per-bucket map must not be empty", field="min_confidence")
         for key in value:
             if key not in GATE_KEYS:
-                raise ValueError(f"min_confidence: unknown bucket {key!r}; use e.g. 'choice:3-5' or 'default'")
+                raise InputError(f"min_confidence: unknown bucket {key!r}; use e.g. 'choice:3-5' or 'default'",
+                                 field="min_confidence")
         return {k: _threshold(v) for k, v in value.items()}
     return _threshold(value)
 
 
 def _threshold(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0.0 <= v <= 1.0:
-        raise ValueError(f"min_confidence: must be a number in [0, 1], got {v!r}")
+        raise InputError(f"min_confidence: must be a number in [0, 1], got {v!r}", field="min_confidence")
     return float(v)
 
 
@@ -101,8 +126,7 @@ def gate(answers: dict[str, dict[str, Any]], min_confidence: float | dict[str, f
     for a in answers.values():
         if isinstance(min_confidence, dict):
             k = len(a.get("probabilities") or {}) or 2
-            size = "2" if k <= 2 else "3-5" if k <= 5 else "6-10" if k <= 10 else "11+"
-            threshold = min_confidence.get(f"{a['type']}:{size}", min_confidence.get("default", 0.0))
+            threshold = min_confidence.get(bucket_key(a["type"], k), min_confidence.get("default", 0.0))
         else:
             threshold = min_confidence
         if a["answer_confidence"] < threshold:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -18,9 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "docs" / "examples"
+import numpy as np
+
+from laya.scenarios import load as scenario
+
 WARMUP = 5
+DEFAULT_REFERENCE = Path(".refvenv") / "bin" / "python"   # `make fixtures` creates it in the repo root
 
 # Runs under the reference interpreter, kept free of our package. It loads, warms up, then answers
 # each "n" line on stdin with n timed predicts, so the two runtimes can be timed in alternation.
@@ -41,16 +43,6 @@ for line in sys.stdin:
         times.append((time.perf_counter() - t) * 1000)
     print(json.dumps(times), flush=True)
 """
-
-
-def scenario() -> tuple[str, dict[str, Any]]:
-    state = (EXAMPLES / "billing_state.txt").read_text(encoding="utf-8").removesuffix("\n")
-    return state, json.loads((EXAMPLES / "billing_questions.json").read_text(encoding="utf-8"))
-
-
-def percentiles(times_ms: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(times_ms, n=20, method="inclusive") if len(times_ms) > 1 else times_ms * 19
-    return statistics.median(times_ms), q[18]
 
 
 def timed(fn, n: int) -> list[float]:
@@ -117,7 +109,7 @@ def run(model: str | None, iters: int = 50, device: str = "cpu", reference: str 
     state, questions = scenario()
     for _ in range(WARMUP):
         out = agent.predict(state, questions)
-    ref_python = reference or str(ROOT / ".refvenv" / "bin" / "python")
+    ref_python = reference or str(DEFAULT_REFERENCE)
     ref = Reference(ref_python, model) if Path(ref_python).is_file() else None
     ours, theirs = [], []
     try:
@@ -128,7 +120,7 @@ def run(model: str | None, iters: int = 50, device: str = "cpu", reference: str 
     finally:
         if ref is not None:
             ref.close()
-    p50, p95 = percentiles(ours)
+    p50, p95 = np.percentile(ours, [50, 95])
     print(f"checkpoint: {model}  device: {device}  torch threads: {torch.get_num_threads()}")
     print(f"scenario: billing (3 questions), {out['usage']['input_tokens']} input tokens, "
           f"{WARMUP} warm-up + {iters} timed, runtimes alternating")
@@ -137,7 +129,7 @@ def run(model: str | None, iters: int = 50, device: str = "cpu", reference: str 
         print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}")
         print("(no reference runtime: pass --reference PYTHON with the official laya installed)")
         return 0
-    r50, r95 = percentiles(theirs)
+    r50, r95 = np.percentile(theirs, [50, 95])
     print(f"{'official laya ' + ref.version:<24}{r50:>10.1f}{r95:>10.1f}{1.0:>13.2f}x")
     print(f"{'pagoda laya':<24}{p50:>10.1f}{p95:>10.1f}{r50 / p50:>13.2f}x")
     print(f"max |p_ours - p_official| on this scenario: {max_probability_gap(out, ref.result):.1e}")

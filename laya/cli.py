@@ -1,7 +1,8 @@
-"""`pagoda decide` and `pagoda bench decide`.
+"""laya's commands: `decide`, `bench decide`, `train`, `calibrate`, `laya-mini build`.
 
 Registering only adds parsers; torch and the model load inside the handlers, so `pagoda --help`
-stays fast (docs/architecture.md).
+stays fast (docs/architecture.md). Defaults come from the config dataclasses, so a flag's default
+cannot drift from the API's.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 
 def register(commands: Any, bench: Any) -> None:
@@ -33,6 +32,10 @@ def register(commands: Any, bench: Any) -> None:
     b.add_argument("--reference", default=None,
                    help="python of a venv with the official laya runtime, timed as the baseline (default: .refvenv)")
     b.set_defaults(func=_bench)
+
+    _register_train(commands)
+    _register_calibrate(commands)
+    _register_mini(commands)
 
 
 def read_state(arg: str) -> Any:
@@ -75,3 +78,127 @@ def _bench(args: argparse.Namespace) -> int:
     from laya.bench import run
 
     return run(args.model, iters=args.iters, device=args.device, reference=args.reference)
+
+
+def _register_train(commands: Any) -> None:
+    from laya.training.trainer import TrainConfig
+
+    d = TrainConfig()
+    p = commands.add_parser("train", help="fine-tune a Laya checkpoint (or a fresh head on an encoder) on JSONL")
+    p.add_argument("--data", required=True, help="JSONL of {state, questions, labels|targets}")
+    p.add_argument("--out", required=True, help="output checkpoint folder (official layout)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--init", help="Laya checkpoint folder to fine-tune")
+    src.add_argument("--encoder", help="pretrained transformers encoder folder; a fresh head is added")
+    p.add_argument("--eval-data", help="JSONL evaluated every --eval-every steps")
+    p.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--encoder-lr", type=float, default=d.encoder_lr, help="0 freezes the encoder (default)")
+    p.add_argument("--encoder-layers", type=int, help="with --encoder-lr: train only the top N encoder layers")
+    p.add_argument("--head-layers", type=int, default=d.head_layers, help="with --encoder: head transformer layers")
+    p.add_argument("--spherical", type=float, default=d.loss.spherical, help="weight of the spherical score")
+    p.add_argument("--rps", type=float, default=d.loss.rps,
+                   help="weight of the ranked probability score (score questions)")
+    p.add_argument("--max-len", type=int, default=d.max_len)
+    p.add_argument("--head-max-len", type=int, default=d.head_max_len)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
+    p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from laya.training.losses import LossWeights
+    from laya.training.trainer import TrainConfig, train
+
+    cfg = TrainConfig(data=args.data, out=args.out, init=args.init, encoder=args.encoder,
+                      head_layers=args.head_layers, eval_data=args.eval_data, epochs=args.epochs,
+                      max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+                      encoder_lr=args.encoder_lr, encoder_layers=args.encoder_layers,
+                      loss=LossWeights(1.0, args.spherical, args.rps), max_len=args.max_len,
+                      head_max_len=args.head_max_len, seed=args.seed, eval_every=args.eval_every,
+                      save_every=args.save_every, resume=args.resume, stop_at=args.stop_at, threads=args.threads)
+    try:
+        summary = train(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda train: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
+    return 0
+
+
+def _register_calibrate(commands: Any) -> None:
+    p = commands.add_parser("calibrate", help="fit temperatures on held-out decisions; report ECE/Brier/NLL")
+    p.add_argument("--model", required=True, help="Laya checkpoint folder")
+    p.add_argument("--data", required=True, help="held-out JSONL of {state, questions, labels|targets}")
+    p.add_argument("--out", help="write the calibrated checkpoint here (default: update --model in place)")
+    p.add_argument("--report", help="folder for calibration.md, calibration.json and reliability.png")
+    p.add_argument("--min-bucket", type=int, default=10, help="questions needed for a per-bucket temperature")
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from laya.training.calibrate import calibrate
+
+    try:
+        fit, ev = calibrate(args.model, args.data, args.out, args.report, args.min_bucket)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    a = ev["all"]
+    print(json.dumps({"temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
+                      "ece15_before": a["before"]["ece15"], "ece15_after": a["after"]["ece15"],
+                      "nll_before": a["before"]["nll"], "nll_after": a["after"]["nll"]}, indent=2))
+    return 0
+
+
+def _register_mini(commands: Any) -> None:
+    p = commands.add_parser("laya-mini", help="the embedded default decision model (docs/laya-mini.md)")
+    sub = p.add_subparsers(dest="mini_command", required=True, metavar="ACTION")
+    b = sub.add_parser("build", help="assemble laya-mini from the installed encoder and the shipped head "
+                                     "(skips when built), or retrain the head with --from-scratch")
+    b.add_argument("--out", help="checkpoint folder (default: the embedded default's location, or $PAGODA_LAYA_MINI)")
+    b.add_argument("--from-scratch", action="store_true", help="retrain the head instead of using the shipped one")
+    b.add_argument("--force", action="store_true", help="rebuild even if the checkpoint exists")
+    b.add_argument("--work", default="runs/laya-mini", help="scratch folder for --from-scratch")
+    b.add_argument("--head-dir", help="where the trained head is read/written (default: the package's)")
+    b.add_argument("--figures", help="where --from-scratch writes reliability PNGs (default: --work)")
+    b.add_argument("--threads", type=int)
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--spec", help="JSON overrides of MiniSpec fields")
+    b.add_argument("--no-assemble", action="store_true", help="--from-scratch: stop after writing the head folder")
+    b.set_defaults(func=_mini_build)
+
+
+def _mini_build(args: argparse.Namespace) -> int:
+    import time
+
+    from laya.training import mini
+
+    head_dir = Path(args.head_dir) if args.head_dir else mini.HEAD_DIR
+    out = Path(args.out) if args.out else mini.default_model_dir()
+    if mini.is_built(out, head_dir) and not args.force and not args.from_scratch:
+        print(f"laya-mini is built at {out} (use --force to rebuild)")
+        return 0
+    t = time.time()
+    try:
+        if args.from_scratch:
+            spec = mini.MiniSpec(**json.loads(args.spec)) if args.spec else mini.MiniSpec()
+            work = Path(args.work)
+            report = mini.build_from_scratch(spec, work, out, head_dir, Path(args.figures or work),
+                                             args.threads, args.device, not args.no_assemble)
+            a = report["test"]["all"]["after"]
+            print(f"laya-mini built from scratch in {report['times_s']['total']:.0f}s: test accuracy "
+                  f"{a['accuracy']:.3f}, ECE15 {a['ece15']:.3f} -> {out}")
+        else:
+            mini.assemble(out, head_dir)
+            print(f"laya-mini assembled in {time.time() - t:.1f}s from the installed encoder and {head_dir} -> {out}")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda laya-mini: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -22,7 +22,7 @@ class LayaConfig:
     act_costs: dict[str, float] = field(default_factory=dict)
     max_len: int = DEFAULT_MAX_LEN
     head_max_len: int = DEFAULT_HEAD_MAX_LEN
-    # Raw values as shipped; `laya.temperature` clamps them at inference, the file keeps what was fitted.
+    # Raw values as shipped; `laya.calibration` clamps them at inference, the file keeps what was fitted.
     temperature: list[Any] = field(default_factory=lambda: [1.0, 1.0, 1.0])
     temperature_by_options: dict[str, Any] = field(default_factory=dict)
     option_layout: str = "sequential"

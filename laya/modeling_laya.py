@@ -44,7 +44,7 @@ class LayaModel(nn.Module):
         self.type_emb = nn.Embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, ACT_HIDDEN), nn.GELU(), nn.Linear(ACT_HIDDEN, n_act))
-        # Shipped for provenance; inference reads temperatures from rl_agent_config.json (see laya.temperature).
+        # Shipped for provenance; inference reads temperatures from rl_agent_config.json (see laya.calibration).
         self.register_buffer("temperature", torch.ones(3))
 
     @classmethod

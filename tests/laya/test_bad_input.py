@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import laya
-from laya.temperature import Temperatures, bucket, clamp_temperature
+from laya.calibration import Temperatures, bucket_key, clamp_temperature
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = "Hi, we were billed twice for March."
@@ -121,7 +121,7 @@ def test_weights_that_do_not_fit_are_named(laya_tiny_modernbert, tmp_path):
 def test_temperature_clamp_and_buckets():
     assert [clamp_temperature(v) for v in (0.1, 7, "x", None, True, float("nan"), 1.7)] == [
         0.5, 5.0, 1.0, 1.0, 1.0, 1.0, 1.7]
-    assert [bucket(0, k) for k in (1, 2, 3, 5, 6, 10, 11, 255)] == [
+    assert [bucket_key("choice", k) for k in (1, 2, 3, 5, 6, 10, 11, 255)] == [
         "choice:2", "choice:2", "choice:3-5", "choice:3-5", "choice:6-10", "choice:6-10", "choice:11+", "choice:11+"]
     with pytest.warns(RuntimeWarning, match="temperature\\[1\\]='x' -> 1"):
         t = Temperatures.from_config([1.0, "x", 2.0], {"score:11+": 0.01})

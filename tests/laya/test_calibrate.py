@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import laya
-from laya.calibrate import calibrate, fit_temperature, fit_temperatures
-from laya.reliability import Record, ece, metrics, option_bucket, softmax
+from laya.calibration import ece, fit_temperature, metrics, option_bucket, softmax
+from laya.training.calibrate import Record, calibrate, fit_records, fit_temperatures
 
 
 def _synthetic(n, k, true_t, qtype=0, seed=0):
@@ -23,7 +23,17 @@ def _synthetic(n, k, true_t, qtype=0, seed=0):
 
 def test_fit_recovers_the_generating_temperature():
     for true_t in (0.7, 2.5):
-        assert fit_temperature(_synthetic(3000, 4, true_t)) == pytest.approx(true_t, rel=0.12)
+        assert fit_records(_synthetic(3000, 4, true_t)) == pytest.approx(true_t, rel=0.12)
+
+
+def test_fit_takes_soft_targets_of_mixed_option_counts():
+    """Distillation fits T against a teacher's distribution: the teacher's own T is the optimum."""
+    rng = np.random.default_rng(3)
+    logits = [rng.normal(0, 2, k) for k in (2, 3, 5) for _ in range(200)]
+    teacher = [softmax(z, 1.8) for z in logits]
+    assert fit_temperature(logits, teacher) == pytest.approx(1.8, rel=1e-3)
+    assert fit_temperature(np.stack(logits[:200]), np.stack(teacher[:200])) == pytest.approx(1.8, rel=1e-3)
+    assert fit_temperature([], []) == 1.0
 
 
 def test_buckets_need_min_examples_and_types_fall_back():
@@ -46,8 +56,12 @@ def test_fitted_values_are_clamped_but_raw_is_kept():
 def test_calibration_measures_on_hand_cases():
     assert ece(np.array([0.9, 0.9, 0.6, 0.6]), np.array([1, 1, 0, 1]), 10) == pytest.approx((2 * 0.1 + 2 * 0.1) / 4)
     assert ece(np.array([1.0, 0.0]), np.array([1, 0]), 15) == 0.0
+    assert np.isnan(ece(np.array([]), np.array([]), 15))
+    # bins are [lo, hi): 0.5 belongs to the upper of two bins, 1.0 to the last
+    assert ece(np.array([0.5, 0.9]), np.array([1, 0]), 2) == pytest.approx(0.2)      # (lo, hi] would give 0.7
+    assert ece(np.array([1.0, 0.9]), np.array([1, 1]), 2) == pytest.approx(0.05)
     recs = [Record(np.array([0.0, 0.0]), np.array([1.0, 0.0]), 2)]
-    m = metrics(recs, [softmax(r.logits) for r in recs])
+    m = metrics([softmax(r.logits) for r in recs], [r.target for r in recs])
     assert m["nll"] == pytest.approx(np.log(2)) and m["brier"] == pytest.approx(0.5)
     assert [option_bucket(k) for k in (2, 3, 5, 6, 10, 11, 200)] == ["2", "3-5", "3-5", "6-10", "6-10", "11+", "11+"]
 

@@ -9,7 +9,7 @@ import laya
 from laya.checkpoint import load_checkpoint, save_checkpoint
 from laya.config import LayaConfig
 from laya.questions import parse_questions
-from laya.sequence import Budgets, build_rows
+from laya.rows import Budgets, build_rows
 
 
 def test_config_round_trip_keeps_unknown_keys():

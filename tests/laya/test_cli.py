@@ -8,7 +8,7 @@ from pathlib import Path
 from serving.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "docs" / "examples"
+EXAMPLES = ROOT / "laya" / "scenarios"
 
 
 def test_decide_prints_answer_json(laya_tiny_bert, capsys):

@@ -6,7 +6,7 @@ import pytest
 
 from laya.corpus import dialogs, forms, reviews, tickets
 from laya.corpus.build import CorpusConfig, build, write
-from laya.examples import items_from_example
+from laya.training.examples import items_from_example
 
 SMALL = CorpusConfig(seed=3, tickets_train=120, tickets_calib=40, tickets_test=40, tickets_unseen=30,
                      reviews_train=80, reviews_calib=30, reviews_test=30)

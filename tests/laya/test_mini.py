@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 import laya
-from laya import mini
-from laya.bench import scenario
+from laya.scenarios import load as scenario
+from laya.training import mini
 
 
 @pytest.fixture(scope="module")
@@ -25,20 +25,20 @@ def test_billing_scenario(agent):
 
 def test_load_without_a_path_serves_laya_mini(agent):
     default = laya.load()
-    assert default.source == str(mini.default_dir())
+    assert default.source == str(mini.default_model_dir())
     state, questions = scenario()
     q = {"churn_risk": questions["churn_risk"]}
     assert default.predict(state, q) == agent.predict(state, q)
 
 
 def test_is_built_tracks_the_committed_head(tmp_path):
-    assert mini.is_built(mini.default_dir())
+    assert mini.is_built(mini.default_model_dir())
     fake_head = tmp_path / "head"
     shutil.copytree(mini.HEAD_DIR, fake_head)
     manifest = json.loads((fake_head / mini.MANIFEST).read_text())
     manifest["head_sha256"] = "0" * 64
     (fake_head / mini.MANIFEST).write_text(json.dumps(manifest))
-    assert not mini.is_built(mini.default_dir(), fake_head)   # a newer head means: rebuild
+    assert not mini.is_built(mini.default_model_dir(), fake_head)   # a newer head means: rebuild
 
 
 def test_assemble_refuses_a_corrupted_head(tmp_path):

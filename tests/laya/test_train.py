@@ -1,4 +1,4 @@
-"""`laya.train` on tiny checkpoints: it learns, it is reproducible, it resumes exactly, it rejects bad data."""
+"""`laya.training.trainer` on tiny checkpoints: it learns, it is reproducible, it resumes exactly, it rejects bad data."""
 
 import json
 import random
@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 import laya
-from laya.examples import Augment, encode, items_from_example, read_jsonl
-from laya.losses import LossWeights
-from laya.sequence import Budgets
-from laya.train import TrainConfig, evaluate, train
+from laya.rows import Budgets
+from laya.training.examples import Augment, encode, items_from_example, read_jsonl
+from laya.training.losses import LossWeights
+from laya.training.trainer import TrainConfig, evaluate, train
 
 CHOICE = {"type": "choice", "instructions": "department",
           "criteria": {"billing": "payments", "technical": "bugs", "shipping": "parcels", "other": "the rest"}}
@@ -148,7 +148,7 @@ def test_cli(laya_tiny_bert, data, tmp_path, capsys):
 
 
 def test_only_the_top_encoder_layers_train(laya_tiny_bert, data, tmp_path):
-    from laya.train import encoder_layer_prefixes
+    from laya.training.trainer import encoder_layer_prefixes
 
     src = laya.load(laya_tiny_bert)
     top = encoder_layer_prefixes(src.model, 1)

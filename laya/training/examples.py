@@ -5,7 +5,7 @@ or, for soft targets, `"targets": {name: {option: p}}` (both may appear; a quest
 Every problem is reported as a `ValueError` naming the line, the question and the field, because
 a training run that silently drops or mislabels questions is worse than one that refuses to start.
 
-`encode` renders a question exactly as inference does (`laya.sequence`), optionally with a random
+`encode` renders a question exactly as inference does (`laya.rows`), optionally with a random
 option order and a random option subset, so the head must read its options instead of learning
 which slot or which word tends to be right.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laya.questions import Question, parse_question
-from laya.sequence import Budgets, Row, build_rows, check_state
+from laya.rows import Budgets, Row, build_rows, check_state
 
 
 @dataclass(frozen=True)

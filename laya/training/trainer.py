@@ -1,10 +1,10 @@
 """Fine-tune a Laya checkpoint, or a fresh head on a pretrained encoder, with a strictly proper loss.
 
 Choices that matter:
-- Rows are built by the same code inference uses (`laya.examples.encode` -> `laya.sequence`), with a
+- Rows are built by the same code inference uses (`laya.training.examples.encode` -> `laya.rows`), with a
   fresh random option order (and, for choices, option subset) every time a question is used.
 - `encoder_lr=0` freezes the encoder: no encoder gradients are computed at all, which is what
-  makes a useful head trainable in minutes on two CPU cores (`laya.mini` does this).
+  makes a useful head trainable in minutes on two CPU cores (`laya.training.mini` does this).
 - Batches are drawn from a length-sorted window, so padding stays small without fixing the order.
 - A run is a pure function of (data, config, seed): the plan of every epoch is regenerated from
   the seed, so `resume` replays the plan up to the saved step and continues bit-for-bit on the
@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from laya.losses import LossWeights
+from laya.training.losses import LossWeights
 
 STATE_FILE = "trainer_state.pt"
 
@@ -145,8 +145,8 @@ def _plan(n_items: int, lengths: list[int], batch_size: int, rng: random.Random)
 def _batch(tok, items, idx, budgets, rng, augment, device="cpu"):
     import torch
 
-    from laya.examples import encode
-    from laya.sequence import collate
+    from laya.rows import collate
+    from laya.training.examples import encode
 
     rows, targets = [], []
     for i in idx:
@@ -164,7 +164,7 @@ def evaluate(model, tok, items, budgets, batch_size: int = 32, device: str = "cp
     """Accuracy and mean log loss at T=1 in the data's own option order (no augmentation)."""
     import torch
 
-    from laya.losses import log_score
+    from laya.training.losses import log_score
 
     model.eval()
     n, hits, nll = 0, 0, 0.0
@@ -185,9 +185,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
     from laya.checkpoint import save_checkpoint
-    from laya.examples import Augment, encode, read_jsonl
-    from laya.losses import proper_loss
-    from laya.sequence import Budgets
+    from laya.rows import Budgets
+    from laya.training.examples import Augment, encode, read_jsonl
+    from laya.training.losses import proper_loss
 
     cfg.validate()
     if cfg.threads:
@@ -314,44 +314,3 @@ def _jsonable(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     return d
 
-
-def register(commands, bench) -> None:
-    p = commands.add_parser("train", help="fine-tune a Laya checkpoint (or a fresh head on an encoder) on JSONL")
-    p.add_argument("--data", required=True, help="JSONL of {state, questions, labels|targets}")
-    p.add_argument("--out", required=True, help="output checkpoint folder (official layout)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--init", help="Laya checkpoint folder to fine-tune")
-    src.add_argument("--encoder", help="pretrained transformers encoder folder; a fresh head is added")
-    p.add_argument("--eval-data", help="JSONL evaluated every --eval-every steps")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--encoder-lr", type=float, default=0.0, help="0 freezes the encoder (default)")
-    p.add_argument("--encoder-layers", type=int, help="with --encoder-lr: train only the top N encoder layers")
-    p.add_argument("--head-layers", type=int, default=2, help="with --encoder: head transformer layers")
-    p.add_argument("--spherical", type=float, default=0.5, help="weight of the spherical score")
-    p.add_argument("--rps", type=float, default=1.0, help="weight of the ranked probability score (score questions)")
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--head-max-len", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--save-every", type=int, default=200)
-    p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
-    p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
-    p.add_argument("--threads", type=int)
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    cfg = TrainConfig(data=args.data, out=args.out, init=args.init, encoder=args.encoder,
-                      head_layers=args.head_layers, eval_data=args.eval_data, epochs=args.epochs,
-                      max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
-                      encoder_lr=args.encoder_lr, encoder_layers=args.encoder_layers, loss=LossWeights(1.0, args.spherical, args.rps),
-                      max_len=args.max_len, head_max_len=args.head_max_len, seed=args.seed,
-                      eval_every=args.eval_every, save_every=args.save_every, resume=args.resume,
-                      stop_at=args.stop_at,
-                      threads=args.threads)
-    summary = train(cfg)
-    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
-    return 0

@@ -2,10 +2,8 @@
 
 One temperature per `type:bucket` (bucket = number of options: 2, 3-5, 6-10, 11+) where the split
 has at least `min_bucket` questions of that kind, else the type's temperature; a type with no
-questions keeps 1.0. Each is the minimiser of the mean NLL, found by golden-section search on
-log T: NLL is unimodal in T for a fixed set of logits, and a bracketing search is deterministic
-and needs no tuning. Values are stored clamped to the range inference applies ([0.5, 5.0]); the
-report keeps the raw fit so a clamp is visible.
+questions keeps 1.0. The fit and the clamp rule are `laya.calibration`'s (shared with distilled
+students); the report keeps the raw fit so a clamp is visible.
 
 Records come from `Agent.forward` on the rows inference would build (the checkpoint's own
 budgets, the data's option order), so the fit sees exactly the logits `predict` will temper.
@@ -14,42 +12,45 @@ budgets, the data's option order), so the fit sees exactly the logits `predict` 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from laya.reliability import QTYPE_NAMES, Record, metrics, option_bucket, plot_reliability, softmax
+from laya.calibration import (
+    TEMP_MAX,
+    TEMP_MIN,
+    bucket_key,
+    clamp_temperature,
+    fit_temperature,
+    metrics,
+    plot_reliability,
+    softmax,
+)
+from laya.questions import QUESTION_TYPES
 
-TEMP_MIN, TEMP_MAX = 0.5, 5.0
-SEARCH = (math.log(0.05), math.log(20.0))
+
+@dataclass
+class Record:
+    """One answered question: untempered logits (valid slots), target distribution, type index, source."""
+
+    logits: np.ndarray   # [k] float64
+    target: np.ndarray   # [k], sums to 1 (one-hot for hard labels)
+    qtype: int
+    source: str = ""
+
+    @property
+    def k(self) -> int:
+        return len(self.logits)
+
+    @property
+    def bucket(self) -> str:
+        return bucket_key(QUESTION_TYPES[self.qtype], self.k)
 
 
-def mean_nll(records: list[Record], t: float) -> float:
-    return float(np.mean([-np.sum(r.target * np.log(np.clip(softmax(r.logits, t), 1e-12, 1.0)))
-                          for r in records]))
-
-
-def fit_temperature(records: list[Record], iters: int = 60) -> float:
-    """argmin_T mean NLL over `records` (raw, unclamped); 1.0 for no records."""
-    if not records:
-        return 1.0
-    lo, hi = SEARCH
-    g = (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = mean_nll(records, math.exp(a)), mean_nll(records, math.exp(b))
-    for _ in range(iters):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = mean_nll(records, math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = mean_nll(records, math.exp(b))
-    return math.exp((lo + hi) / 2)
+def fit_records(records: list[Record]) -> float:
+    return fit_temperature([r.logits for r in records], [r.target for r in records])
 
 
 @dataclass
@@ -60,40 +61,35 @@ class Fit:
     counts: dict[str, int] = field(default_factory=dict)
 
     def lookup(self, r: Record) -> float:
-        return self.temperature_by_options.get(f"{QTYPE_NAMES[r.qtype]}:{option_bucket(r.k)}",
-                                               self.temperature[r.qtype])
-
-
-def _clamp(t: float) -> float:
-    return min(TEMP_MAX, max(TEMP_MIN, t))
+        return self.temperature_by_options.get(r.bucket, self.temperature[r.qtype])
 
 
 def fit_temperatures(records: list[Record], min_bucket: int = 10) -> Fit:
     if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
         raise ValueError(f"calibrate: min_bucket must be a positive integer, got {min_bucket!r}")
     fit = Fit([1.0, 1.0, 1.0], {})
-    for qtype, name in enumerate(QTYPE_NAMES):
+    for qtype, name in enumerate(QUESTION_TYPES):
         of_type = [r for r in records if r.qtype == qtype]
         fit.counts[name] = len(of_type)
         if of_type:
-            raw = fit_temperature(of_type)
+            raw = fit_records(of_type)
             fit.raw[name] = raw
-            fit.temperature[qtype] = _clamp(raw)
+            fit.temperature[qtype] = clamp_temperature(raw)
         buckets: dict[str, list[Record]] = {}
         for r in of_type:
-            buckets.setdefault(f"{name}:{option_bucket(r.k)}", []).append(r)
+            buckets.setdefault(r.bucket, []).append(r)
         for key, group in sorted(buckets.items()):
             fit.counts[key] = len(group)
             if len(group) >= min_bucket:
-                raw = fit_temperature(group)
+                raw = fit_records(group)
                 fit.raw[key] = raw
-                fit.temperature_by_options[key] = _clamp(raw)
+                fit.temperature_by_options[key] = clamp_temperature(raw)
     return fit
 
 
 def records(agent, items, budgets=None) -> list[Record]:
     """Untempered logits of every item's question, via the agent's own forward (inference rows)."""
-    from laya.examples import encode
+    from laya.training.examples import encode
 
     budgets = budgets or agent.budgets()
     rows, targets = [], []
@@ -112,23 +108,32 @@ def evaluate(recs: list[Record], fit: Fit | None) -> dict[str, Any]:
     after = [softmax(r.logits, fit.lookup(r)) for r in recs] if fit else before
     groups: dict[str, list[int]] = {"all": list(range(len(recs)))}
     for i, r in enumerate(recs):
-        groups.setdefault("type:" + QTYPE_NAMES[r.qtype], []).append(i)
+        groups.setdefault("type:" + QUESTION_TYPES[r.qtype], []).append(i)
         if r.source:
             groups.setdefault("source:" + r.source, []).append(i)
     out = {}
     for name, idx in groups.items():
-        sub = [recs[i] for i in idx]
-        out[name] = {"before": metrics(sub, [before[i] for i in idx]),
-                     "after": metrics(sub, [after[i] for i in idx])}
+        targets = [recs[i].target for i in idx]
+        out[name] = {"before": metrics([before[i] for i in idx], targets),
+                     "after": metrics([after[i] for i in idx], targets)}
     return out
 
 
+def _confidence_and_hits(recs: list[Record], temperature) -> tuple[np.ndarray, np.ndarray]:
+    probs = [softmax(r.logits, temperature(r)) for r in recs]
+    conf = np.array([p.max() for p in probs])
+    hits = np.array([int(np.argmax(p)) == int(np.argmax(r.target)) for p, r in zip(probs, recs)], dtype=float)
+    return conf, hits
+
+
 def plot_by_type(recs: list[Record], fit: Fit, path: str) -> None:
+    """Reliability before (T=1) and after the fit, one panel per question type."""
     panels = {}
-    for qtype, name in enumerate(QTYPE_NAMES):
+    for qtype, name in enumerate(QUESTION_TYPES):
         sub = [r for r in recs if r.qtype == qtype]
         if sub:
-            panels[name] = (sub, [softmax(r.logits) for r in sub], [softmax(r.logits, fit.lookup(r)) for r in sub])
+            panels[name] = [("before", *_confidence_and_hits(sub, lambda r: 1.0)),
+                            ("after", *_confidence_and_hits(sub, fit.lookup))]
     if panels:
         plot_reliability(panels, path)
 
@@ -151,11 +156,11 @@ def write_config(model_dir: str, out_dir: str, fit: Fit) -> None:
 
 
 def markdown_report(fit: Fit, ev: dict[str, Any], figure: str | None, title: str = "Calibration report") -> str:
-    lines = [f"# {title}", "", "Temperatures (raw fit -> stored, clamped to [0.5, 5]):", "",
+    lines = [f"# {title}", "", f"Temperatures (raw fit -> stored, clamped to [{TEMP_MIN:g}, {TEMP_MAX:g}]):", "",
              "| group | n | raw T | stored T |", "| --- | ---: | ---: | ---: |"]
     for key, n in fit.counts.items():
         if key in fit.raw:
-            stored = fit.temperature_by_options.get(key) if ":" in key else fit.temperature[QTYPE_NAMES.index(key)]
+            stored = fit.temperature_by_options.get(key) if ":" in key else fit.temperature[QUESTION_TYPES.index(key)]
             lines.append(f"| {key} | {n} | {fit.raw[key]:.3f} | {stored:.3f} |")
         else:
             lines.append(f"| {key} | {n} | - | (type T) |")
@@ -178,7 +183,7 @@ def calibrate(model_dir: str, data: str, out_dir: str | None = None, report_dir:
               min_bucket: int = 10) -> tuple[Fit, dict[str, Any]]:
     """Fit on `data` (JSONL decisions), write temperatures, and a Markdown report with a reliability PNG."""
     import laya
-    from laya.examples import read_jsonl
+    from laya.training.examples import read_jsonl
 
     items = read_jsonl(data)
     agent = laya.load(model_dir)
@@ -198,21 +203,3 @@ def calibrate(model_dir: str, data: str, out_dir: str | None = None, report_dir:
                        "raw": fit.raw, "counts": fit.counts, "metrics": ev}, f, indent=2)
     return fit, ev
 
-
-def register(commands, bench) -> None:
-    p = commands.add_parser("calibrate", help="fit temperatures on held-out decisions; report ECE/Brier/NLL")
-    p.add_argument("--model", required=True, help="Laya checkpoint folder")
-    p.add_argument("--data", required=True, help="held-out JSONL of {state, questions, labels|targets}")
-    p.add_argument("--out", help="write the calibrated checkpoint here (default: update --model in place)")
-    p.add_argument("--report", help="folder for calibration.md, calibration.json and reliability.png")
-    p.add_argument("--min-bucket", type=int, default=10, help="questions needed for a per-bucket temperature")
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    fit, ev = calibrate(args.model, args.data, args.out, args.report, args.min_bucket)
-    a = ev["all"]
-    print(json.dumps({"temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
-                      "ece15_before": a["before"]["ece15"], "ece15_after": a["after"]["ece15"],
-                      "nll_before": a["before"]["nll"], "nll_after": a["after"]["nll"]}, indent=2))
-    return 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laya.config import DEFAULT_HEAD_MAX_LEN, DEFAULT_MAX_LEN
+from laya.errors import InputError, question_error
 from laya.questions import Question
 from laya.tokenizer import LayaTokenizer
 
@@ -30,7 +31,7 @@ class Budgets:
         for field in ("max_len", "head_max_len"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}: must be a positive integer, got {value!r}")
+                raise InputError(f"{field}: must be a positive integer, got {value!r}", field=field)
 
 
 @dataclass
@@ -57,13 +58,19 @@ class Row:
         return self.state_tokens - self.state_tokens_used
 
 
-def check_state(state: Any) -> None:
+def check_state(state: Any, where: str = "state") -> None:
     if not isinstance(state, (str, dict, list)):
-        raise ValueError(f"state: must be a string, a dict or a list of chat turns, got {type(state).__name__}")
+        raise InputError(f"{where}: must be a string, a dict or a list of chat turns, got {type(state).__name__}",
+                         field=where)
 
 
-def serialize_state(state: str | dict | list) -> str:
-    check_state(state)
+def state_text(state: Any, where: str = "state") -> str:
+    """The text a model reads for a state: strings as-is, structured states (dicts, chat turns) as JSON.
+
+    Every reader of states (Laya rows, students, their teachers' labels, serving's size limits) goes
+    through here, so a student is shown exactly the text its teacher was.
+    """
+    check_state(state, where)
     return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
 
 
@@ -96,8 +103,8 @@ def build_row(tok: LayaTokenizer, q: Question, head: tuple[list[int], list[list[
     ids = (ids + kept + [tok.sep_token_id])[: budgets.max_len]
     surviving = [m for m in markers if m < budgets.max_len]
     if len(surviving) != len(markers):
-        raise ValueError(
-            f"question {q.name!r}: field 'max_len': only {len(surviving)} of its {len(markers)} option markers "
+        raise question_error(
+            q.name, "max_len", f"only {len(surviving)} of its {len(markers)} option markers "
             f"fit in max_len={budgets.max_len} with head_max_len={budgets.head_max_len}; raise max_len, "
             "lower head_max_len or use fewer options")
     return Row(q.name, ids, markers, q.qtype, q.keys, len(opts), len({tuple(o) for o in opts}), per_option,
@@ -107,7 +114,7 @@ def build_row(tok: LayaTokenizer, q: Question, head: tuple[list[int], list[list[
 def build_rows(tok: LayaTokenizer, state: str | dict | list, questions: list[Question],
                budgets: Budgets, heads: list | None = None) -> list[Row]:
     """All rows of one state; the state is tokenised once and shared by every question."""
-    state_ids = tok.encode([serialize_state(state)])[0]
+    state_ids = tok.encode([state_text(state)])[0]
     heads = heads if heads is not None else [encode_head(tok, q) for q in questions]
     keep_end = isinstance(state, list)
     return [build_row(tok, q, h, state_ids, budgets, keep_end) for q, h in zip(questions, heads)]

@@ -1,0 +1,39 @@
+"""Typed input errors: the contract between laya's validation and whoever reports it.
+
+Serving answers a bad request with the JSON path of the offending field; before this type existed it
+recovered that path by parsing message text, so rewording a message broke an HTTP API. An
+`InputError` carries the question and field as attributes and stays a `ValueError`, so callers that
+only catch `ValueError` keep working.
+"""
+
+from __future__ import annotations
+
+# Fields that belong to the request (its budgets) rather than to one question's definition, even when
+# the error is about a particular question (e.g. a question whose markers do not fit `max_len`).
+REQUEST_FIELDS = frozenset({"state", "states", "questions", "max_len", "head_max_len", "min_confidence",
+                            "option_order", "batch_size"})
+
+
+class InputError(ValueError):
+    """A caller's mistake, named: `question` (or None) and `field` (or None), plus a readable message."""
+
+    def __init__(self, message: str, *, field: str | None = None, question: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.question = question
+
+    @property
+    def path(self) -> str:
+        """Where the mistake sits in a `predict(state, questions, **budgets)` call, as a dotted path.
+
+        `questions.<name>.<field>` for a question's own field, `<field>` for a request-level one.
+        """
+        if self.question is None or (self.field in REQUEST_FIELDS):
+            return self.field or "questions"
+        return f"questions.{self.question}.{self.field}" if self.field else f"questions.{self.question}"
+
+
+def question_error(name: object, field: str, message: str) -> InputError:
+    """The one message format for a question's field: `question 'q': field 'f': ...`."""
+    return InputError(f"question {name!r}: field {field!r}: {message}", field=field,
+                      question=name if isinstance(name, str) else repr(name))
