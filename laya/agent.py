@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from laya import answers
+from laya.batching import collate
 from laya.calibration import Temperatures
 from laya.checkpoint import load_checkpoint
 from laya.config import LayaConfig
@@ -27,7 +28,7 @@ from laya.errors import InputError
 from laya.modeling_laya import LayaModel
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
 from laya.questions import Question, parse_questions
-from laya.rows import Budgets, Row, build_rows, check_state, collate, encode_head
+from laya.rows import Budgets, Row, build_rows, check_state, encode_head
 from laya.tokenizer import LayaTokenizer
 
 PAD_MULTIPLE = 16

@@ -145,7 +145,7 @@ def _plan(n_items: int, lengths: list[int], batch_size: int, rng: random.Random)
 def _batch(tok, items, idx, budgets, rng, augment, device="cpu"):
     import torch
 
-    from laya.rows import collate
+    from laya.batching import collate
     from laya.training.examples import encode
 
     rows, targets = [], []

@@ -78,7 +78,7 @@ def test_inference_path_equals_training_forward(agent):
     """`LayaModel.infer` (last head layer only where read, per row) == the differentiable `forward`."""
     import torch
 
-    from laya.rows import collate
+    from laya.batching import collate
 
     rows = agent.prepare(STATE, QUESTIONS).rows + agent.prepare(["hi", "cancel now"], QUESTIONS).rows
     b = collate(rows, agent.tokenizer.pad_token_id)
