@@ -118,3 +118,35 @@ def test_cuda_runs_the_same_code_paths(tiny_llama, reference, backend):
     alone = engine.generate(prompts[4], seeded)[0].token_ids
     assert engine.generate([prompts[1], prompts[4]], [params, seeded])[1].token_ids == alone
     assert_no_leak(engine)
+
+
+@pytest.mark.parametrize("backend", ["radix", "hashed"])
+def test_prompt_logprobs_match_transformers(tiny_llama, backend):
+    """Prompt scoring over cached, chunked and preempted prefills equals transformers' own log-softmax."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    prompt, other = make_prompts()[7], make_prompts()[4]
+    model = LlamaForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
+    engine = Engine(EngineConfig(model=str(tiny_llama), cache_backend=backend, block_size=4, num_blocks=20,
+                                 max_num_batched_tokens=16))
+    engine.generate([prompt], SamplingParams(max_new_tokens=1))  # the whole prompt is cached now
+    start = 30
+    scoring = SamplingParams(max_new_tokens=0, prompt_logprobs=2, prompt_logprobs_start=start)
+    busy = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    outs = engine.generate([other, prompt], [busy, scoring])  # the scorer is the youngest: preempted first
+    assert engine.stats()["preemptions"] > 0
+    out = outs[1]
+    assert 0 < out.cached_tokens <= start - 1 and out.token_ids == [] and out.finish_reason == "length"
+    assert len(out.prompt_logprobs) == len(prompt) - start
+    for pos, rec in zip(range(start, len(prompt)), out.prompt_logprobs):
+        assert rec["token_id"] == prompt[pos]
+        assert abs(rec["logprob"] - float(ref[pos - 1, prompt[pos]])) < 1e-4
+        assert [t for t, _ in rec["top"]] == ref[pos - 1].topk(2).indices.tolist()
+    whole = engine.generate([prompt], SamplingParams(max_new_tokens=3, prompt_logprobs=0, ignore_eos=True))[0]
+    assert whole.prompt_logprobs[0] is None and len(whole.prompt_logprobs) == len(prompt)
+    assert max(abs(r["logprob"] - float(ref[i, prompt[i + 1]])) for i, r in enumerate(whole.prompt_logprobs[1:])) < 1e-4
+    assert len(whole.token_ids) == 3 and whole.cached_tokens == 0
+    assert_no_leak(engine)

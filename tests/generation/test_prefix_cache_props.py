@@ -139,3 +139,12 @@ def test_salt_keeps_tenants_apart():
         assert cache.match([5, 6, 7, 8], "tenant-b")[0] == []
         assert cache.match([5, 6, 7, 8], None)[0] == []
         assert cache.match([5, 6, 7, 8], "tenant-a")[0] == blocks
+
+
+def test_every_configured_backend_implements_the_protocol():
+    from generation.config import CACHE_BACKENDS
+    from generation.prefix_cache import BACKENDS, PrefixCache
+
+    assert set(BACKENDS) == set(CACHE_BACKENDS)
+    for backend in CACHE_BACKENDS:
+        assert isinstance(make_prefix_cache(backend, BlockManager(8, BS)), PrefixCache)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from generation import Engine, EngineConfig, SamplingParams, Session
+from generation.engine import GenerationOutput
 from tests.generation.conftest import hf_greedy
 
 
@@ -200,3 +201,33 @@ def test_cache_aware_scheduling_keeps_outputs(tiny_llama, order):
     assert [o.token_ids for o in outs] == ref
     # the cache-aware order ran the prefix-sharing requests first, while their prefix was resident
     assert [o.cached_tokens for o in outs[3:]] == [20, 20, 20]
+
+
+def test_unpin_while_a_request_uses_the_pin_defers_the_release(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=64, cache_backend="none"))
+    prefix = list(range(10, 31))
+    pid = engine.pin(prefix)
+    rid = engine.add_request([40, 41], SamplingParams(max_new_tokens=5, ignore_eos=True), pin=pid)
+    engine.unpin(pid)  # the queued request still reads the pin's blocks when it is admitted
+    with pytest.raises(ValueError, match="pin"):
+        engine.add_request([1], pin=pid)
+    ends = []
+    while engine.num_unfinished:
+        ends += [e for e in engine.step() if e.request_id == rid and isinstance(e, GenerationOutput)]
+    assert ends[0].cached_tokens == len(prefix) and ends[0].token_ids == hf_greedy(tiny_llama, [prefix + [40, 41]], 5)[0]
+    assert engine.blocks.num_free == engine.blocks.num_blocks and engine.stats()["pins"] == 0
+
+
+def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
+    with pytest.raises(ValueError, match="prompt"):
+        engine.generate(["hello", [10**6]])
+    assert engine.num_unfinished == 0 and not engine.scheduler.waiting
+
+
+def test_prefill_only_request_leaves_its_prompt_cached(engine):
+    prompt = list(range(100, 130))
+    warm = engine.generate([prompt], SamplingParams(max_new_tokens=0))[0]
+    assert warm.token_ids == [] and warm.finish_reason == "length" and warm.text == ""
+    again = engine.generate([prompt + [7]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+    assert again.cached_tokens == 28  # every full block of the 30-token prompt
+    assert no_leak(engine)

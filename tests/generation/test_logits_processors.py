@@ -1,0 +1,174 @@
+"""Logits processors: bans, no-op processors, mixed batches, batching by class, state across preemption, failures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from generation import Engine, EngineConfig, LogitsProcessor, SamplingParams
+from generation.engine import GenerationOutput
+from generation.sampler import sample
+from generation.sequence import Sequence
+from tests.generation.conftest import hf_greedy
+
+
+class Ban(LogitsProcessor):
+    def __init__(self, banned: list[int]) -> None:
+        self.banned = banned
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        logits[self.banned] = float("-inf")
+
+
+class AllowAll(LogitsProcessor):
+    def __call__(self, prompt_ids, output_ids, logits):
+        logits.clamp_(min=float("-inf"))  # touches the row, changes nothing
+
+
+class Recorder(LogitsProcessor):
+    """Stateful: checks on every call that what it accepted is exactly the sequence's output so far."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+        self.forks: list[Recorder] = []
+
+    def fork(self) -> Recorder:
+        child = Recorder()
+        self.forks.append(child)
+        return child
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        assert list(output_ids) == self.accepted
+
+    def accept(self, token_id):
+        self.accepted.append(token_id)
+
+
+class CountingBatch(Ban):
+    calls: list[int] = []
+
+    @classmethod
+    def apply_batch(cls, processors, prompt_ids, output_ids, logits, rows):
+        cls.calls.append(len(rows))
+        super().apply_batch(processors, prompt_ids, output_ids, logits, rows)
+
+
+class Boom(LogitsProcessor):
+    def __call__(self, prompt_ids, output_ids, logits):
+        raise KeyError("grammar state lost")
+
+
+class EndAfter(LogitsProcessor):
+    """A grammar that ends after `n` tokens: no EOS before, nothing but EOS after."""
+
+    def __init__(self, n: int, eos: int) -> None:
+        self.n, self.eos = n, eos
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        if len(output_ids) < self.n:
+            logits[self.eos] = float("-inf")
+        else:
+            keep = logits[self.eos].clone()
+            logits.fill_(float("-inf"))
+            logits[self.eos] = keep
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    return Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=256, max_num_batched_tokens=32))
+
+
+def no_leak(engine: Engine) -> bool:
+    return not engine.num_unfinished and engine.blocks.num_free + engine.cache.num_cached_blocks == engine.blocks.num_blocks
+
+
+def rows(params: list[SamplingParams]) -> list[Sequence]:
+    seqs = [Sequence(prompt_ids=[5, 6, 7 + i], params=p, request_id=f"r{i}") for i, p in enumerate(params)]
+    for s in seqs:
+        s.generator = torch.Generator().manual_seed(11) if s.params.temperature > 0 else None
+    return seqs
+
+
+MIXED = [SamplingParams(logprobs=2), SamplingParams(temperature=0.8, top_p=0.9, logprobs=1),
+         SamplingParams(repetition_penalty=1.3, logprobs=0), SamplingParams(temperature=1.1, top_k=20)]
+
+
+def test_rows_without_processors_are_bit_identical_in_a_mixed_batch():
+    logits = torch.randn(len(MIXED) + 1, 300, generator=torch.Generator().manual_seed(0))
+    plain = sample(logits[: len(MIXED)].clone(), rows(MIXED))
+    banned = SamplingParams(logits_processors=[Ban(list(range(300)[::2]))], logprobs=2)
+    mixed = sample(logits.clone(), rows(MIXED + [banned]))
+    assert mixed.tokens[: len(MIXED)] == plain.tokens and mixed.records[: len(MIXED)] == plain.records
+    assert mixed.tokens[-1] % 2 == 1 and not mixed.errors
+    assert mixed.records[-1]["logprob"] == float(torch.log_softmax(logits[-1], -1)[mixed.tokens[-1]])  # raw
+
+
+def test_a_processor_that_allows_everything_changes_nothing():
+    logits = torch.randn(len(MIXED), 300, generator=torch.Generator().manual_seed(1))
+    plain = sample(logits.clone(), rows(MIXED))
+    with_noop = sample(logits.clone(), rows([SamplingParams(**{**p.__dict__, "logits_processors": [AllowAll()]})
+                                             for p in MIXED]))
+    assert with_noop.tokens == plain.tokens and with_noop.records == plain.records
+
+
+def test_banned_tokens_never_appear_and_batch_mates_keep_their_answers(engine, tiny_llama):
+    prompts = [[5, 6, 7], [20, 21, 22, 23, 24], [40] * 9]
+    free = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    ref = hf_greedy(tiny_llama, prompts, 8)
+    ban = sorted(set(ref[1]))
+    constrained = SamplingParams(max_new_tokens=8, ignore_eos=True, logits_processors=[Ban(ban)])
+    outs = engine.generate(prompts, [free, constrained, free])
+    assert outs[0].token_ids == ref[0] and outs[2].token_ids == ref[2]
+    assert not set(outs[1].token_ids) & set(ban) and len(outs[1].token_ids) == 8
+    noop = engine.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True, logits_processors=[AllowAll()]))
+    assert [o.token_ids for o in noop] == ref
+    seeded = SamplingParams(max_new_tokens=8, temperature=0.9, seed=4, ignore_eos=True)
+    alone = engine.generate(prompts[0], seeded)[0].token_ids
+    assert engine.generate(prompts[0], SamplingParams(**{**seeded.__dict__, "logits_processors": [AllowAll()]}))[0].token_ids == alone
+    assert no_leak(engine)
+
+
+def test_processors_of_one_class_run_as_one_batch_call_per_step(engine):
+    CountingBatch.calls.clear()
+    p = SamplingParams(max_new_tokens=4, ignore_eos=True, logits_processors=[CountingBatch([9])])
+    engine.generate([[5, 6], [7, 8], [9, 10]], p)
+    assert CountingBatch.calls[-1] == 3 and sum(CountingBatch.calls) == 12  # every row of every step, batched
+
+
+def test_each_sequence_gets_its_own_fork_and_state_survives_preemption(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=14, max_num_batched_tokens=64))
+    rec = Recorder()
+    prompts = [[10 + i] * 13 for i in range(4)]
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=10, ignore_eos=True, logits_processors=[rec]))
+    assert engine.stats()["preemptions"] > 0
+    assert [f.accepted for f in rec.forks] == [o.token_ids for o in outs]
+    assert [o.token_ids for o in outs] == hf_greedy(tiny_llama, prompts, 10)
+
+
+def test_eos_is_sampled_exactly_when_the_processor_allows_it(engine):
+    eos = min(engine.eos_ids)
+    out = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=20, logits_processors=[EndAfter(3, eos)]))[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 4 and out.token_ids[-1] == eos
+    assert eos not in out.token_ids[:3]
+
+
+def test_a_failing_processor_ends_only_its_own_request(engine):
+    good = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    bad = engine.add_request([8, 9], SamplingParams(max_new_tokens=6, logits_processors=[Boom()]))
+    masked = engine.add_request([8, 9], SamplingParams(max_new_tokens=6, logits_processors=[Ban(list(range(engine.model_config.vocab_size)))]))
+    ends: dict[str, GenerationOutput] = {}
+    while engine.num_unfinished:
+        ends.update({e.request_id: e for e in engine.step() if isinstance(e, GenerationOutput)})
+    assert ends[bad].finish_reason == "error" and "Boom" in ends[bad].error and "grammar state lost" in ends[bad].error
+    assert ends[masked].finish_reason == "error" and "masked every token" in ends[masked].error
+    assert ends[good].finish_reason == "length"
+    assert ends[good].token_ids == engine.generate([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True))[0].token_ids
+    with pytest.raises(RuntimeError, match="grammar state lost"):
+        engine.generate(["hello", "world"], SamplingParams(max_new_tokens=3, logits_processors=[Boom()]))
+    assert no_leak(engine)
+
+
+def test_processor_params_are_validated():
+    with pytest.raises(ValueError, match="SamplingParams.logits_processors"):
+        SamplingParams(logits_processors=[lambda ids, logits: None])
+    assert not SamplingParams(logits_processors=[AllowAll()]).plain_greedy
