@@ -88,15 +88,15 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt, field_name: str = "prompt") -> list[int]:
+    def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
             if bad:
-                raise ValueError(f"{field_name}: token ids {bad[:5]} outside the vocabulary (size {self.model_config.vocab_size})")
+                raise ValueError(f"prompt: token ids {bad[:5]} outside the vocabulary (size {self.model_config.vocab_size})")
             return list(prompt)
-        raise ValueError(f"{field_name}: must be a string or a list of token ids")
+        raise ValueError("prompt: must be a string or a list of token ids")
 
     def check_request(self, prompt: Prompt, params: SamplingParams, *, pin: str | None = None) -> list[int]:
         """Validate a request without changing any engine state, so any thread may call it (a server
@@ -284,7 +284,7 @@ class Engine:
                 self._release_pin(seq.pin)
         p = seq.params
         return GenerationOutput(seq.request_id, seq.index, seq.prompt_ids, list(seq.output_ids), seq.text,
-                                seq.cached_tokens, seq.finish_reason or "length",
+                                seq.cached_tokens, seq.finish_reason,
                                 seq.logprobs if p.logprobs is not None else None,
                                 seq.prompt_logprobs if p.prompt_logprobs is not None else None, pin_id, seq.error)
 

@@ -35,9 +35,6 @@ class LlamaConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
@@ -62,9 +59,6 @@ class LlamaConfig:
             rope_scaling=None if rope_type == "default" else rope,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", False),
-            mlp_bias=cfg.get("mlp_bias", False),
-            bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=list(eos_ids),
         )
 

@@ -23,7 +23,6 @@ class TextTokenizer:
         self.eos_token = eos_token
         self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.add_bos = add_bos and self.bos_id is not None
-        self.special_ids = {tokenizer.token_to_id(t.content) for t in tokenizer.get_added_tokens_decoder().values() if t.special}
 
     def encode(self, text: str) -> list[int]:
         ids = self.tok.encode(text, add_special_tokens=False).ids

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +47,6 @@ def _load_folder(folder: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], Te
     arch = cfg_json.get("model_type")
     if arch not in ("llama", "mistral", "qwen2", None):
         raise ValueError(f"EngineConfig.model: config.json model_type={arch!r} is not a Llama-family model")
-    if arch == "qwen2":
-        cfg_json.setdefault("attention_bias", True)
     cfg = LlamaConfig.from_hf(cfg_json)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -64,10 +61,6 @@ def _load_folder(folder: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], Te
         if eos is not None:
             cfg.eos_token_ids = eos if isinstance(eos, list) else [eos]
     return cfg, weights, tok
-
-
-def _field_value(field: Any) -> Any:
-    return field.contents()
 
 
 def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -89,7 +82,7 @@ def _load_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTo
     from tqdm import tqdm
 
     reader = GGUFReader(str(path))
-    fields = {k: _field_value(f) for k, f in reader.fields.items()}
+    fields = {k: f.contents() for k, f in reader.fields.items()}
     arch = fields.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"EngineConfig.model: GGUF general.architecture={arch!r}; only 'llama' is supported")
@@ -116,7 +109,6 @@ def _load_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTo
         rope_scaling=scaling,
         max_position_embeddings=fields.get("llama.context_length", 2048),
         tie_word_embeddings="output.weight" not in names,
-        bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=sorted(eos),
     )
     weights: dict[str, torch.Tensor] = {}
