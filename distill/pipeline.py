@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from distill import labels as L
-from distill.runtime import FORMAT, state_text
 from distill.task import Task, load_task
+from laya.rows import state_text
 
 STAGES = ("label", "train", "calibrate", "export", "report")
 
@@ -146,12 +146,12 @@ class Run:
         w.mkdir(parents=True, exist_ok=True)
         (tr_x, tr_t), (va_x, va_t) = self._part(d, 0), self._part(d, 1)
         if s.kind == "encoder" and not (w / "student.pt").exists():
-            from distill import trainer
+            from distill import modeling_student, trainer
+            from distill.inputs import minilm_ids
 
-            tok = trainer.load_tokenizer()
-            model, history = trainer.train_encoder(self.task, trainer.encode(tok, tr_x, s.max_len), tr_t,
-                                                   trainer.encode(tok, va_x, s.max_len), va_t, self.progress)
-            trainer.save(model, w / "student.pt")
+            model, history = trainer.train_encoder(self.task, minilm_ids(tr_x, s.max_len), tr_t,
+                                                   minilm_ids(va_x, s.max_len), va_t, self.progress)
+            modeling_student.save(model, w / "student.pt")
             (w / "history.json").write_text(json.dumps(history, indent=1))
         if (s.kind == "linear" or s.baseline) and not (w / "linear.pkl").exists():
             from distill.linear import fit_linear
@@ -164,10 +164,11 @@ class Run:
     def _val_logits(self, d: dict, kind: str) -> np.ndarray:
         texts, _ = self._part(d, 1)
         if kind == "encoder":
-            from distill import trainer
+            from distill import modeling_student, trainer
+            from distill.inputs import minilm_ids
 
-            model = trainer.load(self.layout.work / "student.pt")
-            return trainer.predict_logits(model, trainer.encode(trainer.load_tokenizer(), texts, self.task.student.max_len))
+            model = modeling_student.load(self.layout.work / "student.pt")
+            return trainer.predict_logits(model, minilm_ids(texts, self.task.student.max_len))
         from distill.linear import sklearn_logits
 
         return sklearn_logits(*self._linear(), texts)
@@ -181,20 +182,35 @@ class Run:
         return ["encoder", "linear"] if s.kind == "encoder" and s.baseline else [s.kind]
 
     def calibrate(self, d: dict) -> None:
+        """Per question and student kind, laya's temperature fit on the validation split, then laya's clamp.
+
+        The fit minimises cross-entropy to the teacher's distributions (KL up to a constant). Both the
+        raw fit and the applied (clamped) T are kept: a raw T below 0.5 would sharpen the student past
+        what the teacher's own calibration allows, which laya refuses for checkpoints too.
+        """
         path = self.layout.work / "temperatures.json"
         if path.exists():
             return
-        from distill.calibration import fit_temperatures
+        from laya.calibration import clamp_temperature, fit_temperature
 
         _, va_t = self._part(d, 1)
-        temps = {kind: fit_temperatures(self.task.heads(), self._val_logits(d, kind), va_t) for kind in self.kinds()}
-        for kind, t in temps.items():
-            print(f"temperatures ({kind}): {t}")
+        temps: dict[str, dict[str, dict[str, float]]] = {}
+        for kind in self.kinds():
+            logits = self._val_logits(d, kind)
+            temps[kind] = {}
+            for h in self.task.heads():
+                raw = fit_temperature(logits[:, h["offset"]:h["offset"] + h["size"]], va_t[h["name"]])
+                temps[kind][h["name"]] = {"temperature": round(clamp_temperature(raw), 4),
+                                          "temperature_raw": round(raw, 4)}
+            shown = ", ".join(f"{q} {t['temperature']:g} (fit {t['temperature_raw']:g})"
+                              for q, t in temps[kind].items())
+            print(f"temperatures ({kind}): {shown}")
         path.write_text(json.dumps(temps, indent=1))
 
     def heads(self, kind: str) -> list[dict]:
+        """`task.heads()` with this kind's applied and raw temperatures: student.json's `heads`."""
         temps = json.loads((self.layout.work / "temperatures.json").read_text())[kind]
-        return [{**h, "temperature": temps[h["name"]]} for h in self.task.heads()]
+        return [{**h, **temps[h["name"]]} for h in self.task.heads()]
 
     def export(self, d: dict) -> None:
         out = self.layout.out
@@ -207,13 +223,14 @@ class Run:
             held, _ = self._part(d, 2)
             check_texts = held[:self.task.export.check_rows]
             if kind == "encoder":
-                from distill import export, trainer
+                from distill import export, modeling_student
+                from distill.inputs import minilm_ids, minilm_tokenizer_file
 
-                model = trainer.load(self.layout.work / "student.pt")
+                model = modeling_student.load(self.layout.work / "student.pt")
                 export.export_fp32(model, folder / "model.onnx")
                 export.quantize_int8(folder / "model.onnx", folder / "model.int8.onnx")
-                shutil.copyfile(trainer.minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
-                rows = trainer.encode(trainer.load_tokenizer(), check_texts, self.task.student.max_len)
+                shutil.copyfile(minilm_tokenizer_file(), folder / "tokenizer.json")
+                rows = minilm_ids(check_texts, self.task.student.max_len)
                 checked = export.check(model, folder / "model.onnx", folder / "model.int8.onnx", rows, heads,
                                        self.task.export.tolerance, self.task.export.int8_tolerance)
                 models, default, extra = {"int8": "model.int8.onnx", "fp32": "model.onnx"}, "int8", {
@@ -230,10 +247,11 @@ class Run:
     def _check_linear(self, path: Path, vec, w, b, texts: list[str]) -> dict[str, float]:
         import onnxruntime as ort
 
-        from distill.linear import prepare, sklearn_logits
+        from distill.inputs import normalise_words
+        from distill.linear import sklearn_logits
 
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        got = sess.run(["logits"], {"text": np.array(prepare(texts), dtype=object).reshape(-1, 1)})[0]
+        got = sess.run(["logits"], {"text": np.array(normalise_words(texts), dtype=object).reshape(-1, 1)})[0]
         diff = float(np.abs(got - sklearn_logits(vec, w, b, texts)).max())
         tol = self.task.export.tolerance
         print(f"export check (linear): max |onnx - scikit-learn| logits = {diff:.2e} (tolerance {tol:.0e})")
@@ -243,6 +261,8 @@ class Run:
 
     def _write_student_json(self, folder: Path, kind: str, heads: list[dict], models: dict, default: str,
                             checked: dict, d: dict, extra: dict) -> None:
+        from distill.runtime import FORMAT  # the reader defines the format the writer must produce
+
         history = self.layout.work / "history.json"
         meta = {
             "format": FORMAT,

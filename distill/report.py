@@ -1,7 +1,8 @@
-"""Stage 6: `report.md`, `report.json` and PNGs comparing the students with their teacher on held-out rows.
+"""The report stage: `report.md`, `report.json` and PNGs comparing students with their teacher, held-out rows.
 
 Quality is measured against the teacher (argmax agreement, KL, ECE with the teacher's distribution
-as the soft truth) and, where the data has gold labels, against those; latency for every student
+as the soft truth) and, where the data has gold labels, against those with `laya.calibration.metrics`
+(the measures of a checkpoint's model card, so the two read alike); latency for every student
 and for the teacher in the same process, 1 thread and all cores, batch 1 and batch 32, so the
 speed-up is a ratio of two numbers taken under the same (shared, noisy) load.
 """
@@ -15,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from distill import metrics
-from distill.answers import softmax
+from distill import fidelity
+from laya.calibration import metrics, plot_reliability, softmax
 
 TARGETS = {"int8_size_mb": 25.0, "b1_p50_ms_1thread": 10.0, "b1_p50_cpu_ms_1thread": 10.0, "agreement": 0.95, "ece_teacher": 0.03, "speedup": 10.0}
 
@@ -27,25 +28,38 @@ def dir_size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def student_probs(path: Path, precision: str | None, texts: list[str]) -> dict[str, np.ndarray]:
+def student_probs(path: Path, precision: str | None, texts: list[str]
+                  ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | None]]]:
+    """Per question: calibrated probabilities as the runtime tempers them, and the (applied, fitted) T."""
     from distill.runtime import Student
 
     s = Student(path, precision=precision)
-    logits = s.logits(texts)
-    return {h["name"]: softmax(logits[:, h["offset"]:h["offset"] + h["size"]], h["temperature"])
-            for h in s.meta["heads"]}
+    logits = s.logits(texts).astype(np.float64)  # measures in float64 (laya.calibration's convention)
+    probs = {h["name"]: softmax(logits[:, h["offset"]:h["offset"] + h["size"]], s.temperatures[h["name"]])
+             for h in s.meta["heads"]}
+    temps = {h["name"]: {"temperature": s.temperatures[h["name"]],
+                         "temperature_raw": h.get("temperature_raw")} for h in s.meta["heads"]}
+    return probs, temps
+
+
+def vs_gold(p: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+    """ECE (15 bins) and accuracy against gold labels, over rows whose gold label is one of the options."""
+    keep = gold >= 0
+    m = metrics(list(p[keep]), list(np.eye(p.shape[1])[gold[keep]]))
+    return {"ece_gold": m.get("ece15", float("nan")), "acc_gold": m.get("accuracy", float("nan"))}
 
 
 def quality(probs: dict[str, np.ndarray], teacher: dict[str, np.ndarray], gold: dict[str, np.ndarray]) -> dict:
     out = {}
     for q, p in probs.items():
-        decisive, share = metrics.decisive_agreement(p, teacher[q])
+        decisive, share = fidelity.decisive_agreement(p, teacher[q])
         row = {"mean_top_p": float(p.max(-1).mean()),
-               "agreement": metrics.agreement(p, teacher[q]), "decisive_agreement": decisive, "decisive_share": share,
-               "kl": metrics.mean_kl(teacher[q], p),
-               "ece_teacher": metrics.ece_vs_teacher(p, teacher[q])}
+               "agreement": fidelity.agreement(p, teacher[q]), "decisive_agreement": decisive,
+               "decisive_share": share,
+               "kl": fidelity.mean_kl(teacher[q], p),
+               "ece_teacher": fidelity.ece_vs_teacher(p, teacher[q])}
         if q in gold:
-            row["ece_gold"], row["acc_gold"] = metrics.ece_vs_gold(p, gold[q])
+            row.update(vs_gold(p, gold[q]))
         out[q] = row
     return out
 
@@ -56,27 +70,15 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 
 def plots(out: Path, probs: dict[str, dict[str, np.ndarray]], teacher: dict[str, np.ndarray],
           latency: dict[str, dict]) -> list[str]:
+    panels = {q: [(label, *fidelity.teacher_outcome(pr[q], teacher[q])) for label, pr in probs.items()]
+              for q in teacher}
+    plot_reliability(panels, str(out / "report-reliability.png"), bins=15,
+                     xlabel="student confidence (max p)", ylabel="teacher probability of that option")
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    names = list(teacher)
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4), squeeze=False)
-    for ax, q in zip(axes[0], names):
-        ax.plot([0, 1], [0, 1], ":", color="grey")
-        for label, pr in probs.items():
-            p = pr[q]
-            pick = p.argmax(-1)
-            conf, outcome, n = metrics.reliability(p.max(-1), teacher[q][np.arange(len(pick)), pick])
-            ax.plot(conf, outcome, "o-", label=label)
-        ax.set_title(q)
-        ax.set_xlabel("student confidence (max p)")
-        ax.set_ylabel("teacher probability of that option")
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "report-reliability.png", dpi=90)
-    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     labels = list(latency)
@@ -118,7 +120,7 @@ def write_report(run, d: dict) -> dict:
     with tqdm(total=len(variants) * (1 + len(threads)) + len(threads), desc="report", unit="step",
               disable=not run.progress) as bar:
         for name, (path, precision) in variants.items():
-            probs[name] = student_probs(path, precision, texts)
+            probs[name], temps = student_probs(path, precision, texts)
             bar.update(1)
             lat = {}
             for tname, n in threads.items():
@@ -126,7 +128,10 @@ def write_report(run, d: dict) -> dict:
                                              batch_size=rc.batch_size)
                 bar.update(1)
             model_file = path / ("model.int8.onnx" if precision == "int8" else "model.onnx")
-            report["students"][name] = {"questions": quality(probs[name], teacher, gold), "latency": lat,
+            per_question = quality(probs[name], teacher, gold)
+            for q, t in temps.items():
+                per_question[q].update(t)
+            report["students"][name] = {"questions": per_question, "latency": lat,
                                         "size_mb": dir_size_mb(model_file)}
         agent = run.agent
         tlat = {}
@@ -136,11 +141,11 @@ def write_report(run, d: dict) -> dict:
             bar.update(1)
         tq = {}
         for q in teacher:
-            share = metrics.decisive_agreement(teacher[q], teacher[q])[1]
+            share = fidelity.decisive_agreement(teacher[q], teacher[q])[1]
             tq[q] = {"mean_top_p": float(teacher[q].max(-1).mean()), "agreement": 1.0, "decisive_agreement": 1.0,
                      "decisive_share": share, "kl": 0.0, "ece_teacher": 0.0}
             if q in gold:
-                tq[q]["ece_gold"], tq[q]["acc_gold"] = metrics.ece_vs_gold(teacher[q], gold[q])
+                tq[q].update(vs_gold(teacher[q], gold[q]))
         report["teacher"] = {"questions": tq, "latency": tlat, "size_mb": dir_size_mb(run.teacher_dir),
                              "path": str(run.teacher_dir)}
     lat_all = {**{k: v["latency"] for k, v in report["students"].items()}, "teacher": tlat}
@@ -177,22 +182,26 @@ def render(task, report: dict, pngs: list[str], run) -> str:
     lines = [f"# Student report: {task.name}", "",
              f"Held-out rows: {report['held_out_rows']} (never trained or calibrated on). "
              f"Teacher: `{report['teacher']['path']}`.",
-             "ECE vs teacher: 15 bins of the student's top probability against the teacher's probability of the "
-             "same option. Decisive rows: the teacher's top two options differ by >= 0.05 (elsewhere its argmax is "
-             "a coin toss). Latency: ms per state, measured in one process on a shared machine (noisy: "
-             "compare ratios). CPU ms: process CPU time per batch-1 call at 1 thread, i.e. the wall time an "
-             "idle core would show.", ""]
+             "ECE vs teacher: 15 bins of the student's top probability against the teacher's probability "
+             "of the same option. Decisive rows: the teacher's top two options differ by >= 0.05 (elsewhere "
+             "its argmax is a coin toss). ECE is `laya.calibration.ece` (bins [lo, hi), the last closed), as "
+             "in laya's model card. T: the temperature the runtime applies, clamped to laya's [0.5, 5], and "
+             "the raw fit on the validation split. Latency: ms per state, measured in one process on a "
+             "shared machine (noisy: compare ratios). CPU ms: process CPU time per batch-1 call at 1 thread, "
+             "i.e. the wall time an idle core would show.", ""]
     lines += ["## Quality per question", "",
               "| model | question | mean top p | agreement | agreement, decisive rows (share) | mean KL "
-              "| ECE vs teacher | ECE vs gold | accuracy vs gold |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| ECE vs teacher | ECE vs gold | accuracy vs gold | T applied (fit) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in rows:
         for q in qs:
             m = r["questions"][q]
-            lines.append("| {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} |".format(
+            temp = "—" if "temperature" not in m else "{} ({})".format(
+                _fmt(m["temperature"], ".3g"), _fmt(m.get("temperature_raw"), ".3g"))
+            lines.append("| {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} |".format(
                 name, q, _fmt(m["mean_top_p"]), _fmt(m["agreement"]), _fmt(m["decisive_agreement"]),
                 _fmt(m["decisive_share"], ".2f"), _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]),
-                _fmt(m.get("ece_gold")), _fmt(m.get("acc_gold"))))
+                _fmt(m.get("ece_gold")), _fmt(m.get("acc_gold")), temp))
     keys = list(report["teacher"]["latency"])
     lines += ["", "## Latency and size", "",
               "| model | size MB | " + " | ".join(f"{k} b1 p50 | {k} b1 p99 | {k} b32 p50/state" for k in keys)

@@ -1,7 +1,10 @@
 """The edge runtime: a distilled student answering its questions with onnxruntime alone.
 
-Imports only onnxruntime, tokenizers and numpy (and `distill.answers`, which is numpy) so a student
-folder runs on a box with no torch and no transformers; `tests/distill/test_runtime.py` enforces it.
+Imports onnxruntime, tokenizers, numpy and laya's torch-free modules (the answer JSON, the
+temperature clamp, question parsing, state-to-text), so a student folder runs on a box with no torch
+and no transformers, and answers in exactly the shape a Laya checkpoint does (its
+`action.act_probability` is null: a student has no act head). `tests/distill/test_runtime.py`
+enforces both.
 
 Determinism: a state's probabilities must not depend on what else shares its batch. Padding changes
 the reduction lengths inside attention, and dynamic int8 quantisation picks one activation scale per
@@ -13,36 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
-from distill.answers import answer_from_probs, softmax
+from distill.inputs import encode, load_tokenizer, normalise_words
+from laya.answers import answer, check_min_confidence, gate
+from laya.calibration import clamp_temperature, softmax
+from laya.errors import InputError
+from laya.questions import Question, parse_question
+from laya.rows import state_text
 
 FORMAT = "pagoda-student/1"
-PRECISIONS = ("int8", "fp32")
-
-
-WORD = re.compile(r"(?u)\b\w\w+\b")
-
-
-def prepare_text(texts: list[str]) -> list[str]:
-    """The linear student's input normalisation (see `distill.linear`): lowercase words, single spaces."""
-    return [" ".join(WORD.findall(t.lower())) for t in texts]
-
-
-def state_text(state: Any) -> str:
-    """States are text; structured states read as JSON, as the teacher was shown them."""
-    if isinstance(state, str):
-        return state
-    if isinstance(state, (dict, list)):
-        return json.dumps(state, ensure_ascii=False)
-    raise ValueError(f"state: expected a string, dict or list, got {type(state).__name__}")
 
 
 class Student:
@@ -66,7 +55,9 @@ class Student:
         self.name: str = meta["name"]
         self.kind: str = meta["kind"]
         self.questions: dict[str, dict[str, Any]] = meta["questions"]
-        self._heads: list[dict[str, Any]] = meta["heads"]
+        self.parsed: dict[str, Question] = {n: parse_question(n, q) for n, q in self.questions.items()}
+        self._heads: dict[str, dict[str, Any]] = {h["name"]: h for h in meta["heads"]}
+        self.temperatures = self._temperatures()
         self.precision = precision or meta["default_precision"]
         if self.precision not in meta["models"]:
             raise ValueError("precision: {!r} not in this student (has {})".format(self.precision, sorted(meta["models"])))
@@ -82,17 +73,23 @@ class Student:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.model_file = self.path / meta["models"][self.precision]
         self._session = ort.InferenceSession(str(self.model_file), opts, providers=["CPUExecutionProvider"])
-        self._tokenizer: Tokenizer | None = None
-        if self.kind == "encoder":
-            self._tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-            self._tokenizer.no_truncation()
-            self._tokenizer.no_padding()
+        self._tokenizer = load_tokenizer(self.path / "tokenizer.json") if self.kind == "encoder" else None
 
     def __repr__(self) -> str:
         return f"Student({str(self.path)!r}, kind={self.kind}, precision={self.precision}, questions={list(self.questions)})"
 
+    def _temperatures(self) -> dict[str, float]:
+        """Applied T per question: laya's clamp rule, so a folder written before the clamp cannot sharpen."""
+        out = {n: clamp_temperature(h["temperature"]) for n, h in self._heads.items()}
+        changed = [f"{n}={h['temperature']!r} -> {out[n]:g}" for n, h in self._heads.items()
+                   if out[n] != h["temperature"]]
+        if changed:
+            warnings.warn(f"{self.path}: student temperatures outside laya's clamp; applying "
+                          + ", ".join(changed), RuntimeWarning, stacklevel=3)
+        return out
+
     def select(self, questions: Any = None) -> list[str]:
-        """The question names to answer; anything this student was not distilled for is a ValueError.
+        """The question names to answer; anything this student was not distilled for is an `InputError`.
 
         A definition that differs from the distilled one is refused too: the heads answer the
         question they were trained on, whatever text the caller puts under that name.
@@ -102,62 +99,63 @@ class Student:
         names = list(questions)
         unknown = [n for n in names if n not in self.questions]
         if unknown:
-            raise ValueError(f"questions {unknown}: this student answers only {sorted(self.questions)}")
+            raise InputError(f"questions {unknown}: this student answers only {sorted(self.questions)}",
+                             field="questions")
         if isinstance(questions, dict):
             changed = [n for n in names if questions[n] != self.questions[n]]
             if changed:
-                raise ValueError(f"questions {changed}: definition differs from the one this student was distilled for")
+                raise InputError(f"questions {changed}: definition differs from the one this student was "
+                                 "distilled for", field="questions")
         if not names:
-            raise ValueError(f"questions: empty; ask at least one of {sorted(self.questions)}")
+            raise InputError(f"questions: empty; ask at least one of {sorted(self.questions)}",
+                             field="questions")
         return names
 
-    def predict(self, state: Any, questions: Any = None) -> dict[str, Any]:
-        return self.predict_batch([state], questions)[0]
+    def predict(self, state: Any, questions: Any = None, *, min_confidence: Any = None) -> dict[str, Any]:
+        return self.predict_batch([state], questions, min_confidence=min_confidence)[0]
 
-    def predict_batch(self, states: list[Any], questions: Any = None, *, batch_size: int = 32) -> list[dict[str, Any]]:
+    def predict_batch(self, states: list[Any], questions: Any = None, *, batch_size: int = 32,
+                      min_confidence: Any = None) -> list[dict[str, Any]]:
+        """Answers as `laya` gives them; `min_confidence` gates on `answer_confidence` as laya does."""
         if not isinstance(states, (list, tuple)):
-            raise ValueError(f"states: expected a list, got {type(states).__name__}")
+            raise InputError(f"states: expected a list, got {type(states).__name__}", field="states")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+            raise InputError(f"batch_size: must be a positive integer, got {batch_size!r}",
+                             field="batch_size")
         names = self.select(questions)
+        threshold = check_min_confidence(min_confidence)
         texts = [state_text(s) for s in states]
         if not texts:
             return []
-        if self.kind == "encoder":
-            logits, usage = self._run_encoder(texts, batch_size)
-        else:
-            logits, usage = self._run_linear(texts, batch_size)
-        wanted = set(names)
+        logits, usage = self._run(texts, batch_size)
         out = []
         for i in range(len(texts)):
             answers = {}
-            for head in self._heads:
-                if head["name"] not in wanted:
-                    continue
-                z = logits[i, head["offset"]:head["offset"] + head["size"]]
-                answers[head["name"]] = answer_from_probs(head, softmax(z, head["temperature"]))
+            for n in names:
+                z = logits[i, self._heads[n]["offset"]:self._heads[n]["offset"] + self._heads[n]["size"]]
+                answers[n] = answer(self.parsed[n], softmax(z, self.temperatures[n]), None)
+            if threshold is not None:
+                gate(answers, threshold)
             u = dict(usage[i])
             u["truncated_questions"] = list(names) if u["truncated"] else []
-            out.append({"model": f"student:{self.name}", "answers": {n: answers[n] for n in names}, "usage": u})
+            out.append({"model": f"student:{self.name}", "answers": answers, "usage": u})
         return out
 
     def logits(self, states: list[Any]) -> np.ndarray:
         """Raw (uncalibrated) logits, all heads concatenated: what reports and calibration read."""
-        texts = [state_text(s) for s in states]
-        run = self._run_encoder if self.kind == "encoder" else self._run_linear
-        return run(texts, 32)[0]
+        return self._run([state_text(s) for s in states], 32)[0]
+
+    def _run(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[dict]]:
+        if self.kind == "encoder":
+            return self._run_encoder(texts, batch_size)
+        return self._run_linear(texts, batch_size)
 
     def _run_encoder(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[dict]]:
         assert self._tokenizer is not None
-        usage: list[dict] = []
-        ids: list[list[int]] = []
-        for enc in self._tokenizer.encode_batch(texts):
-            full = enc.ids
-            kept = full if len(full) <= self.max_len else full[:self.max_len - 1] + full[-1:]
-            ids.append(kept)
-            dropped = len(full) - len(kept)
-            usage.append({"input_tokens": len(kept), "output_tokens": 0, "state_tokens": len(full),
-                          "state_tokens_dropped": dropped, "truncated": dropped > 0})
+        ids, full = encode(self._tokenizer, texts, self.max_len)
+        usage = [{"input_tokens": len(kept), "output_tokens": 0, "state_tokens": n,
+                  "state_tokens_dropped": n - len(kept), "truncated": n > len(kept)}
+                 for kept, n in zip(ids, full)]
         by_len: dict[int, list[int]] = defaultdict(list)
         for i, row in enumerate(ids):
             by_len[len(row)].append(i)
@@ -174,7 +172,7 @@ class Student:
     def _run_linear(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[dict]]:
         out = np.empty((len(texts), self.meta["n_logits"]), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
-            chunk = np.array(prepare_text(texts[start:start + batch_size]), dtype=object).reshape(-1, 1)
+            chunk = np.array(normalise_words(texts[start:start + batch_size]), dtype=object).reshape(-1, 1)
             out[start:start + len(chunk)] = self._session.run(["logits"], {"text": chunk})[0]
         usage = [{"input_tokens": len(t.split()), "output_tokens": 0, "state_tokens": len(t.split()),
                   "state_tokens_dropped": 0, "truncated": False} for t in texts]

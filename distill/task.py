@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from laya.questions import parse_question
+from laya.questions import Question, parse_question
 
 KINDS = ("encoder", "linear")
 
@@ -79,13 +80,16 @@ class Task:
     export: ExportConfig = field(default_factory=ExportConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
 
+    @cached_property
+    def parsed(self) -> dict[str, Question]:
+        """The questions as laya parses them (keys, legend, type), once per task."""
+        return {name: parse_question(name, qdef) for name, qdef in self.questions.items()}
+
     def heads(self) -> list[dict[str, Any]]:
-        """Per question: type, answer keys, legend, and where its logits sit in the student output."""
+        """Where each question's logits sit in the student output (student.json `heads`)."""
         out, offset = [], 0
-        for name, qdef in self.questions.items():
-            q = parse_question(name, qdef)
-            out.append({"name": name, "type": q.type, "keys": list(q.keys), "legend": list(q.legend),
-                        "offset": offset, "size": len(q.keys), "temperature": 1.0})
+        for name, q in self.parsed.items():
+            out.append({"name": name, "offset": offset, "size": len(q.keys)})
             offset += len(q.keys)
         return out
 
@@ -168,11 +172,6 @@ def parse_task(raw: Any) -> Task:
     questions = raw.get("questions")
     if not isinstance(questions, dict) or not questions:
         raise ValueError("task.questions: expected a non-empty mapping of name -> question definition")
-    for qname, qdef in questions.items():
-        try:
-            parse_question(qname, qdef)
-        except ValueError as exc:
-            raise ValueError(f"task.questions: {exc}") from None
     text_field = raw.get("text_field", "text")
     if not isinstance(text_field, str) or not text_field:
         raise ValueError("task.text_field: expected the name of the data column holding the state text")
@@ -190,6 +189,10 @@ def parse_task(raw: Any) -> Task:
             raise ValueError(f"task.budgets.{key}: unknown budget; known: {list(_BUDGETS)}")
     task = Task(name=name, questions=questions, text_field=text_field, gold=dict(gold), budgets=dict(budgets),
                 **{sec: _section(sec, cls, raw.get(sec)) for sec, cls in _SECTIONS.items()})
+    try:
+        task.parsed  # noqa: B018 -- parse (and cache) every question once, naming the bad one
+    except ValueError as exc:
+        raise ValueError(f"task.questions: {exc}") from None
     _check_ranges(task)
     return task
 

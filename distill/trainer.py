@@ -11,46 +11,23 @@ from __future__ import annotations
 import copy
 import os
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 
-from distill.answers import softmax
-from distill.modeling_student import EncoderStudent, from_minilm, minilm_dir
+from distill.fidelity import mean_kl
+from distill.modeling_student import EncoderStudent, from_minilm, pad
 from distill.task import Task
-
-
-def load_tokenizer() -> Tokenizer:
-    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
-
-
-def encode(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
-    """Same truncation as `distill.runtime` (keep the head, keep [SEP]) so train and serve see one input."""
-    out = []
-    for enc in tok.encode_batch(texts):
-        ids = enc.ids
-        out.append(ids if len(ids) <= max_len else ids[:max_len - 1] + ids[-1:])
-    return out
-
-
-def collate(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
-    return ids, mask
+from laya.calibration import softmax
 
 
 def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Shuffled batches of similar length: little padding, still a different order every epoch."""
+    """Shuffled batches of similar length: little padding, still a different order every epoch.
+
+    The same plan as laya's trainer (`laya.training.trainer._plan`, windows of 50 batches, private);
+    this one sorts windows of 32 batches and stays until laya offers its planner publicly, torch-free.
+    """
     order = list(range(len(lengths)))
     rng.shuffle(order)
     pool = batch_size * 32
@@ -62,15 +39,16 @@ def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[lis
     return out
 
 
-def distill_loss(logits: torch.Tensor, heads: list[dict], targets: dict[str, torch.Tensor],
+def distill_loss(logits: torch.Tensor, heads: list[dict], scores: set[str], targets: dict[str, torch.Tensor],
                  score_weight: float) -> torch.Tensor:
+    """Σ KL(teacher ‖ student) over heads, plus the expected-level gap for the questions in `scores`."""
     loss = logits.new_zeros(())
     for h in heads:
         z = logits[:, h["offset"]:h["offset"] + h["size"]]
         t = targets[h["name"]]
         logp = F.log_softmax(z, -1)
         loss = loss + F.kl_div(logp, t, reduction="batchmean")
-        if h["type"] == "score":
+        if h["name"] in scores:
             levels = torch.arange(h["size"], dtype=z.dtype)
             gap = ((logp.exp() - t) * levels).sum(-1) / (h["size"] - 1)
             loss = loss + score_weight * (gap ** 2).mean()
@@ -84,7 +62,7 @@ def predict_logits(model: EncoderStudent, ids: list[list[int]], batch_size: int 
     out = np.zeros((len(ids), sum(h.out_features for h in model.heads)), dtype=np.float32)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        x, m = collate([ids[i] for i in chunk])
+        x, m = pad([ids[i] for i in chunk])
         out[chunk] = model(x, m).numpy()
     return out
 
@@ -94,11 +72,10 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
     """Returns the student with the lowest validation KL over epochs, and the per-epoch history."""
     from tqdm.auto import tqdm
 
-    from distill.metrics import mean_kl
-
     s = task.student
     torch.set_num_threads(s.threads or os.cpu_count() or 1)
     heads = task.heads()
+    scores = {name for name, q in task.parsed.items() if q.type == "score"}
     model = from_minilm(s.layers, [h["size"] for h in heads], seed=s.seed)
     if s.freeze_embeddings:  # the vocabulary table is most of the weights and gains little from a few thousand rows
         model.word.weight.requires_grad_(False)
@@ -118,8 +95,9 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
         for epoch in range(s.epochs):
             model.train()
             for batch in batches(lengths, s.batch_size, rng):
-                x, m = collate([train_ids[i] for i in batch])
-                loss = distill_loss(model(x, m), heads, {k: v[batch] for k, v in tt.items()}, s.score_weight)
+                x, m = pad([train_ids[i] for i in batch])
+                loss = distill_loss(model(x, m), heads, scores, {k: v[batch] for k, v in tt.items()},
+                                    s.score_weight)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -127,7 +105,7 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
                 sched.step()
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}")
-            logits = predict_logits(model, val_ids)
+            logits = predict_logits(model, val_ids).astype(np.float64)
             kl = sum(mean_kl(val_t[h["name"]], softmax(logits[:, h["offset"]:h["offset"] + h["size"]]))
                      for h in heads)
             history.append({"epoch": epoch + 1, "val_kl": round(kl, 5)})
@@ -137,20 +115,3 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
     model.load_state_dict(best)
     model.eval()
     return model, history
-
-
-def save(model: EncoderStudent, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"layers": model.config.num_layers, "head_sizes": [h.out_features for h in model.heads],
-                "state_dict": model.state_dict()}, tmp)
-    os.replace(tmp, path)
-
-
-def load(path: Path) -> EncoderStudent:
-    from distill.modeling_student import EncoderConfig
-
-    blob = torch.load(path, weights_only=True)
-    model = EncoderStudent(EncoderConfig.from_minilm(blob["layers"]), blob["head_sizes"])
-    model.load_state_dict(blob["state_dict"])
-    return model.eval()

@@ -11,6 +11,7 @@ from distill_support import N_TICKETS, TASK, pagoda, torch_threads
 
 from distill import labels as L
 from distill.task import parse_task
+from laya.calibration import clamp_temperature, ece, metrics
 
 
 def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
@@ -22,13 +23,16 @@ def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
     assert meta["questions"] == TASK["questions"]
     assert [h["name"] for h in meta["heads"]] == ["department", "urgency", "churn"]
     assert [h["size"] for h in meta["heads"]] == [5, 3, 2]
-    assert all(0.05 <= h["temperature"] <= 20 for h in meta["heads"])
+    for h in meta["heads"]:  # laya's clamp on the fit, both recorded
+        assert 0.5 <= h["temperature"] <= 5.0
+        assert h["temperature"] == round(clamp_temperature(h["temperature_raw"]), 4)
     check = meta["provenance"]["export_check"]
     assert check["fp32_vs_torch_max_abs_logit"] <= 1e-4
     assert check["int8_vs_fp32_max_abs_prob"] <= 0.25
     assert (student_dir / "model.int8.onnx").stat().st_size < (student_dir / "model.onnx").stat().st_size / 3
     report = (student_dir / "report.md").read_text()
-    for needle in ("agreement", "ECE vs gold", "encoder int8", "linear", "teacher", "1 thread", "b32"):
+    for needle in ("agreement", "ECE vs gold", "encoder int8", "linear", "teacher", "1 thread", "b32",
+                   "T applied (fit)"):
         assert needle in report
 
 
@@ -42,6 +46,28 @@ def test_student_learns_the_teacher_better_than_uniform(student_dir):
         t = np.asarray(labelled[L.prob_column(q)], dtype=np.float64)[held]
         uniform_kl = float((t * np.log(np.clip(t, 1e-7, 1) * t.shape[1])).sum(-1).mean())
         assert row["kl"] < 0.8 * uniform_kl, (q, row["kl"], uniform_kl)
+
+
+def test_report_measures_calibration_with_laya_calibration(student_dir):
+    """The report's ECE figures are `laya.calibration`'s, recomputed here from the student and its labels."""
+    from distill.report import student_probs
+
+    task = parse_task(TASK)
+    report = json.loads((student_dir / "report.json").read_text())
+    labelled = L.load_labels(student_dir / "labels", task)
+    held = np.flatnonzero(L.split_of(np.asarray(labelled[L.ROW]), task) == 2)
+    texts = [labelled[task.text_field][i] for i in held]
+    probs, temps = student_probs(student_dir, "fp32", texts)
+    gold = L.gold_indices(labelled, task)
+    for q, p in probs.items():
+        row = report["students"]["encoder fp32"]["questions"][q]
+        t = np.asarray(labelled[L.prob_column(q)], dtype=np.float64)[held]
+        pick = p.argmax(-1)
+        assert row["ece_teacher"] == ece(p.max(-1), t[np.arange(len(p)), pick], 15)
+        g = gold[q][held]
+        m = metrics(list(p[g >= 0]), list(np.eye(p.shape[1])[g[g >= 0]]))
+        assert (row["ece_gold"], row["acc_gold"]) == (m["ece15"], m["accuracy"])
+        assert row["temperature"] == temps[q]["temperature"] and row["temperature_raw"] is not None
 
 
 def test_rerun_resumes_without_relabelling_or_retraining(student_dir, distill_inputs):
@@ -105,11 +131,12 @@ def test_partial_labels_are_refused_naming_missing_chunks(student_dir, tmp_path)
 
 
 def test_export_check_fails_past_its_tolerance(student_dir):
-    from distill import export, trainer
+    from distill import export, modeling_student
+    from distill.inputs import minilm_ids
 
-    model = trainer.load(student_dir / "work" / "student.pt")
+    model = modeling_student.load(student_dir / "work" / "student.pt")
     meta = json.loads((student_dir / "student.json").read_text())
-    rows = trainer.encode(trainer.load_tokenizer(), ["I was billed twice", "the app crashes on start"], 64)
+    rows = minilm_ids(["I was billed twice", "the app crashes on start"], 64)
     with pytest.raises(RuntimeError, match="export.tolerance"):
         export.check(model, student_dir / "model.onnx", student_dir / "model.int8.onnx", rows, meta["heads"],
                      tolerance=1e-12, int8_tolerance=1.0)

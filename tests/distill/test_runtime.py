@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-from distill_support import ROOT, TASK
+from distill_support import ROOT, TASK, torch_threads
 
 from distill.runtime import Student
 
@@ -41,23 +42,58 @@ def test_answers_have_the_laya_shape(student):
     assert abs(urg["score"] - sum(int(k) * v for k, v in urg["probabilities"].items())) < 1e-3
     assert churn["type"] == "noul" and 0 <= churn["noul"] <= 1
     assert churn["confidence"] == round(max(churn["noul"], 1 - churn["noul"]), 4)
+    assert all(a["action"] == {"act_probability": None} for a in out["answers"].values())
     u = out["usage"]
     assert u["output_tokens"] == 0 and u["input_tokens"] > 0 and u["truncated"] is False
 
 
-def test_answer_fields_match_laya_for_the_same_probabilities():
-    """Same distribution in, same answer out as laya's own answer builder (less the act head's field)."""
-    from distill.answers import answer_from_probs
-    from distill.task import parse_task
-    from laya import answers as laya_answers
-    from laya.questions import parse_question
+def test_answers_carry_exactly_the_keys_laya_gives(student, distill_inputs):
+    """The teacher (a real Laya checkpoint) and the student answer the same request in one shape."""
+    import laya
 
-    for head in parse_task(TASK).heads():
-        p = np.random.default_rng(len(head["keys"])).dirichlet(np.ones(head["size"]))
-        ours = answer_from_probs(head, p)
-        theirs = laya_answers.answer(parse_question(head["name"], TASK["questions"][head["name"]]), p, 1.0)
-        theirs.pop("action")
-        assert ours == theirs
+    with torch_threads(1):
+        agent = laya.load(distill_inputs["teacher"])
+        for gate in (None, 0.5, {"choice:3-5": 0.9, "default": 0.2}):
+            theirs = agent.predict(STATES[2], TASK["questions"], min_confidence=gate)
+            ours = student.predict(STATES[2], min_confidence=gate)
+            assert set(ours) == set(theirs)
+            assert set(ours["usage"]) == set(theirs["usage"]) - {"options"}
+            for q in TASK["questions"]:
+                assert set(ours["answers"][q]) == set(theirs["answers"][q]), q
+                assert ours["answers"][q]["action"] == {"act_probability": None}
+                assert isinstance(theirs["answers"][q]["action"]["act_probability"], float)
+
+
+def test_min_confidence_gates_like_laya_and_is_validated(student):
+    everything = student.predict(STATES[0], min_confidence=1.0)["answers"]
+    assert all(a["abstention"] == "abstained" and a["low_confidence"] for a in everything.values())
+    nothing = student.predict(STATES[0], min_confidence=0.0)["answers"]
+    assert all(a["abstention"] == "passed" and "low_confidence" not in a for a in nothing.values())
+    per_bucket = student.predict(STATES[0], min_confidence={"choice:3-5": 1.0, "default": 0.0})["answers"]
+    assert [per_bucket[q]["abstention"] for q in ("department", "urgency", "churn")] == [
+        "abstained", "passed", "passed"]
+    assert "abstention" not in student.predict(STATES[0])["answers"]["churn"]
+    with pytest.raises(ValueError, match="min_confidence"):
+        student.predict(STATES[0], min_confidence=1.5)
+    with pytest.raises(ValueError, match="min_confidence"):
+        student.predict(STATES[0], min_confidence={"choice:many": 0.5})
+
+
+def test_stored_temperatures_get_laya_s_clamp(student_dir, tmp_path):
+    """A folder written before students were clamped (T=0.1 sharpens) is tempered at 0.5, with a warning."""
+    folder = tmp_path / "old-linear"
+    shutil.copytree(student_dir / "baseline-linear", folder)
+    meta = json.loads((folder / "student.json").read_text())
+    for h in meta["heads"]:
+        h["temperature"] = 0.1
+    (folder / "student.json").write_text(json.dumps(meta))
+    with pytest.warns(RuntimeWarning, match="department=0.1 -> 0.5"):
+        old = Student(folder, threads=1)
+    assert old.temperatures == {"department": 0.5, "urgency": 0.5, "churn": 0.5}
+    for h in meta["heads"]:
+        h["temperature"] = 0.5
+    (folder / "student.json").write_text(json.dumps(meta))
+    assert Student(folder, threads=1).predict(STATES[1]) == old.predict(STATES[1])
 
 
 def test_batch_results_are_bit_identical_to_single_predictions(student):
@@ -108,14 +144,22 @@ def test_bad_folders_and_options_are_named(student_dir, tmp_path):
 
 
 def test_runtime_runs_with_torch_and_transformers_unimportable(student_dir):
-    """A subprocess where importing torch, transformers (and the training stack) raises ImportError."""
+    """A subprocess where torch, transformers, the training stack and laya's torch modules raise ImportError.
+
+    laya's torch-free modules (answers, calibration, questions, rows) must load: the runtime answers
+    through them; laya's model, agent and training code must not.
+    """
     script = textwrap.dedent(f"""
         import sys
-        BLOCKED = ("torch", "transformers", "sklearn", "skl2onnx", "datasets", "laya", "safetensors")
+        BLOCKED = ("torch", "transformers", "sklearn", "skl2onnx", "datasets", "safetensors",
+                   "laya.agent", "laya.modeling_laya", "laya.checkpoint", "laya.batching", "laya.training")
+
+        def blocked(name):
+            return any(name == b or name.startswith(b + ".") for b in BLOCKED)
 
         class Block:
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in BLOCKED:
+                if blocked(name):
                     raise ImportError("blocked for this test: " + name)
                 return None
 
@@ -123,10 +167,13 @@ def test_runtime_runs_with_torch_and_transformers_unimportable(student_dir):
         from distill.runtime import Student
         for folder in ({str(student_dir)!r}, {str(student_dir / "baseline-linear")!r}):
             s = Student(folder)
-            out = s.predict_batch(["I was charged twice, refund me or I leave", "app crashes"])
+            out = s.predict_batch(["I was charged twice, refund me or I leave", "app crashes"],
+                                  min_confidence=0.5)
             assert set(out[0]["answers"]) == {{"department", "urgency", "churn"}}, out
-        loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        loaded = sorted(m for m in sys.modules if blocked(m))
         assert not loaded, loaded
+        assert "laya.agent" not in sys.modules and "laya.modeling_laya" not in sys.modules
+        assert {{"laya.answers", "laya.calibration", "laya.rows"}} <= set(sys.modules)
         print("ok", sorted(m for m in sys.modules if m.split(".")[0] in ("onnxruntime", "tokenizers", "numpy"))[:3])
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)

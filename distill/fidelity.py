@@ -1,0 +1,49 @@
+"""Fidelity: how closely a student copies its teacher, the measures only distillation has.
+
+ECE itself and its bins are `laya.calibration`'s, so a student's report and a checkpoint's model card
+bin and weight calibration identically. What is added here compares two distributions row by row.
+ECE against the teacher uses the teacher's distribution as the soft truth: the outcome of a row is
+the teacher's probability of the option the student picked. The hard-label form (is the argmax the
+teacher's argmax?) would punish a student for copying a teacher that is honestly unsure, which is
+exactly what distillation should do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from laya.calibration import ece
+
+
+def agreement(student: np.ndarray, teacher: np.ndarray) -> float:
+    return float((student.argmax(-1) == teacher.argmax(-1)).mean())
+
+
+def decisive_agreement(student: np.ndarray, teacher: np.ndarray, margin: float = 0.05) -> tuple[float, float]:
+    """(agreement, share of rows) over rows where the teacher's top two options differ by >= `margin`.
+
+    Where the teacher is torn between options its argmax is a coin toss a faithful student cannot
+    (and should not) reproduce; this is the agreement that measures copying a decision.
+    """
+    top2 = np.sort(teacher, axis=-1)[:, -2:]
+    keep = (top2[:, 1] - top2[:, 0]) >= margin
+    if not keep.any():
+        return float("nan"), 0.0
+    return agreement(student[keep], teacher[keep]), float(keep.mean())
+
+
+def mean_kl(teacher: np.ndarray, student: np.ndarray, eps: float = 1e-7) -> float:
+    """KL(teacher || student) in nats, averaged over rows."""
+    t = np.clip(teacher, eps, 1.0)
+    s = np.clip(student, eps, 1.0)
+    return float((t * (np.log(t) - np.log(s))).sum(-1).mean())
+
+
+def teacher_outcome(student: np.ndarray, teacher: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(student's top probability, teacher's probability of that same option) per row."""
+    pick = student.argmax(-1)
+    return student.max(-1), teacher[np.arange(len(pick)), pick]
+
+
+def ece_vs_teacher(student: np.ndarray, teacher: np.ndarray, bins: int = 15) -> float:
+    return ece(*teacher_outcome(student, teacher), bins)
