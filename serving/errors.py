@@ -1,10 +1,39 @@
 """The one error shape every route answers with: `{"error": {"message", "type", "field"}, "request_id"}`.
 
-Handlers raise `ApiError`; the app turns it (and every werkzeug HTTP error: 404, 405, 413) into that body,
-so a client parses failures one way whatever produced them.
+Three kinds of exception reach it, and none is recognised by its message text:
+- `laya.errors.InputError`: the caller's mistake, 422 `invalid_request`, `field` = its `path` (the JSON path
+  of the offending input). Laya raises it for what a question or a state means; an API's schema raises it
+  for what HTTP limits (sizes, counts, unknown body fields), so a client sees one kind of 422.
+- `ApiError`: everything else a handler decides (503 not ready, 504 deadline, 500 model error, ...).
+- werkzeug's HTTP errors (404, 405, 413) and anything unexpected (500, logged with the request id).
+An API may reshape the body on its own routes through a dialect (the laya-serve routes add `detail`; an
+OpenAI-compatible API will want its `param`), keyed by URL prefix so even a 405 on those paths gets it.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flask import Flask, g, request
+from werkzeug.exceptions import HTTPException
+
+from laya.errors import InputError
+
+log = logging.getLogger("pagoda.serve")
+
+Dialect = Callable[[dict], dict]
+
+# werkzeug's status codes mapped to the `type` a client switches on.
+HTTP_ERROR_TYPES = {
+    400: "invalid_json",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    500: "internal_error",
+}
 
 
 class ApiError(Exception):
@@ -17,21 +46,40 @@ class ApiError(Exception):
         self.field = field
         self.headers = headers or {}
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "field": self.field}}
 
+def install(app: Flask, max_body_bytes: int, dialects: Mapping[str, Dialect]) -> None:
+    def respond(status: int, message: str, type_: str, field: str | None = None,
+                headers: dict | None = None) -> tuple[dict, int, dict]:
+        body: dict[str, Any] = {"error": {"message": message, "type": type_, "field": field},
+                                "request_id": g.get("request_id")}
+        for prefix, dialect in dialects.items():
+            if request.path.startswith(prefix):
+                body = dialect(body)
+        return body, status, headers or {}
 
-def invalid(field: str, message: str) -> ApiError:
-    """A schema violation: 422 naming the JSON path of the offending field."""
-    return ApiError(422, message, "invalid_request", field)
+    @app.errorhandler(InputError)
+    def input_error(exc: InputError):
+        return respond(422, str(exc), "invalid_request", exc.path)
 
+    @app.errorhandler(ApiError)
+    def api_error(exc: ApiError):
+        return respond(exc.status, exc.message, exc.type, exc.field, exc.headers)
 
-# werkzeug's status codes mapped to the `type` a client switches on.
-HTTP_ERROR_TYPES = {
-    400: "invalid_json",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    500: "internal_error",
-}
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        status = exc.code or 500
+        headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
+        message = exc.description or exc.name
+        if status == 413:
+            message = f"request body over the {max_body_bytes} byte limit"
+        elif status == 405:
+            message = f"method {request.method} is not allowed on {request.path}"
+        elif status == 404:
+            message = f"no route {request.path}"
+        return respond(status, message, HTTP_ERROR_TYPES.get(status, "http_error"), None, headers)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception):
+        log.exception("request %s failed", g.get("request_id"))
+        return respond(500, f"internal error; see the server log for request {g.get('request_id')}",
+                       "internal_error")

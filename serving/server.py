@@ -5,8 +5,8 @@ needs many request threads blocked on it at once. A gthread worker is exactly th
 request threads, with the model worker thread beside them; gunicorn's master adds what a decision
 service needs around it: graceful SIGTERM (stop accepting, let in-flight requests finish, exit), worker
 restarts, `--workers` to scale across cores. The app loads in each worker after fork, so the master never
-imports torch. A worker whose model fails to load exits with gunicorn's boot-error status, which stops
-the whole server with the reason in the log instead of serving 503s forever.
+imports torch. A worker where any API's model fails to load exits with gunicorn's boot-error status, which
+stops the whole server with the reason in the log instead of serving 503s forever.
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ class GunicornServer(BaseApplication):
         from serving.app import create_app
 
         app = create_app(self.serve_cfg)
-        service = app.extensions["pagoda"]
+        apis = app.extensions["pagoda.apis"]
 
         def exit_on_failure() -> None:
-            while not service.loaded.wait(0.2):
-                if service.error is not None:
-                    logging.getLogger("pagoda.serve").error("stopping: the model did not load (%s)", service.error)
-                    os._exit(WORKER_BOOT_ERROR)
+            while not all(api.loaded.wait(0.2) for api in apis):
+                for api in apis:
+                    if api.error is not None:
+                        logging.getLogger("pagoda.serve").error("stopping: the %s model did not load (%s)",
+                                                                api.name, api.error)
+                        os._exit(WORKER_BOOT_ERROR)
 
         threading.Thread(target=exit_on_failure, name="pagoda-load-watch", daemon=True).start()
         return app

@@ -14,7 +14,7 @@ from serving_support import API_KEY, REPO, TINY_BERT, ServerProcess
 @pytest.fixture(scope="session")
 def billing_questions() -> dict:
     """The billing scenario's three questions, as the shipped support-triage preset holds them."""
-    return yaml.safe_load((REPO / "serving/presets.yaml").read_text())["support-triage"]
+    return yaml.safe_load((REPO / "serving/decide/presets.yaml").read_text())["support-triage"]
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +23,7 @@ def servers(tmp_path_factory):
     model = ["--model", str(TINY_BERT)]
     procs = {
         # default limits and the example policy; BERT's 1024 positions make max_len 2000 a real model failure
-        "main": ServerProcess(logs / "main.log", [*model, "--policy", str(REPO / "serving/policy.example.yaml"),
+        "main": ServerProcess(logs / "main.log", [*model, "--policy", str(REPO / "serving/decide/policy.example.yaml"),
                                                   "--max-wait-ms", "5"]),
         # auth on, a 2-state queue, a 1 s deadline
         "guarded": ServerProcess(logs / "guarded.log", [*model, "--max-queue", "2", "--max-states", "2",

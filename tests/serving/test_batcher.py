@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from serving_support import BILLING_STATE
 
-from serving.backend import LayaBackend
-from serving.batcher import Batcher, BatchLimits, DeadlineExceeded, QueueFull
-from serving.metrics import Metrics
+from serving.decide.backend import LayaBackend
+from serving.decide.batcher import Batcher, BatchLimits, DeadlineExceeded, QueueFull
+from serving.decide.metrics import DecideMetrics
 
 
 def test_batched_rows_equal_unbatched(agent, billing_questions):
     backend = LayaBackend(agent, "tiny")
-    metrics = Metrics()
+    metrics = DecideMetrics()
     batcher = Batcher(backend.run, BatchLimits(max_wait_ms=50), metrics)
     names = list(billing_questions)
     work = [backend.prepare(f"{BILLING_STATE[: 10 + 7 * i]} #{i}",
@@ -33,7 +33,7 @@ def test_batched_rows_equal_unbatched(agent, billing_questions):
     for t in threads:
         t.join(60)
     batcher.stop()
-    assert max(int(k) for k in metrics.summary()["batch_size_histogram"]) > 3  # requests really shared passes
+    assert max(int(k) for k in metrics.stats()["batch_size_histogram"]) > 3  # requests really shared passes
     worst = 0.0
     for i, prepared in enumerate(work):
         alone = agent.forward(prepared.rows)
@@ -53,7 +53,7 @@ def test_queue_full_and_deadline_are_exact(agent, billing_questions):
         gate.wait(30)
         return backend.run(units)
 
-    batcher = Batcher(held_run, BatchLimits(max_queue=2, max_wait_ms=0), Metrics())
+    batcher = Batcher(held_run, BatchLimits(max_queue=2, max_wait_ms=0), DecideMetrics())
     unit = backend.prepare(BILLING_STATE, billing_questions, {})
     cost = [backend.cost(unit)]
     first = batcher.submit([unit], cost, time.monotonic() + 60)
@@ -68,6 +68,6 @@ def test_queue_full_and_deadline_are_exact(agent, billing_questions):
     third = batcher.submit([unit], cost, time.monotonic() + 60)
     gate.set()
     expected = agent.predict(BILLING_STATE, billing_questions)
-    for ticket in (first, queued, third):
-        assert agent.finish(unit, ticket.wait()[0]) == expected
+    for pending in (first, queued, third):
+        assert agent.finish(unit, pending.wait()[0]) == expected
     batcher.stop()

@@ -15,7 +15,7 @@ from serving.config import ServeConfig
 def test_precedence():
     env = {"PAGODA_PORT": "9001", "PAGODA_BATCHING": "false", "PAGODA_MAX_WAIT_MS": "7.5", "PAGODA_API_KEY": "k"}
     cfg = ServeConfig.from_sources({"port": 9002, "batching": None}, env=env)
-    assert (cfg.port, cfg.batching, cfg.max_wait_ms, cfg.api_key) == (9002, False, 7.5, "k")
+    assert (cfg.port, cfg.decide.batching, cfg.decide.max_wait_ms, cfg.api_key) == (9002, False, 7.5, "k")
     assert ServeConfig.from_sources({}, env={}).port == 8000
 
 
@@ -39,3 +39,33 @@ def test_serve_refuses_bad_files(tmp_path):
                                str(tmp_path / f"{flag[2:]}.yaml")], cwd=REPO, capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode != 0 and needle in proc.stderr, proc.stderr
+
+
+def test_an_api_section_gets_its_own_flags_and_variables():
+    """How the next API adds settings: a `Settings` dataclass with a prefix; flags, variables, `--help` and
+    the errors that name a bad value come from its fields."""
+    import argparse
+    from dataclasses import dataclass
+
+    from serving.flags import Settings, option, section
+
+    @dataclass
+    class Generate(Settings):
+        PREFIX = "generate_"
+        max_tokens: int = option(16, "most tokens per completion", minimum=1)
+        stream: bool = option(False, "stream tokens")
+
+    @dataclass
+    class Server(Settings):
+        port: int = option(8000, "bind port")
+        generate: Generate = section(Generate)
+
+    parser = argparse.ArgumentParser()
+    Server.add_arguments(parser)
+    flags = vars(parser.parse_args(["--generate-max-tokens", "32"]))
+    cfg = Server.from_sources(flags, env={"PAGODA_GENERATE_STREAM": "1", "PAGODA_PORT": "9"})
+    assert (cfg.port, cfg.generate.max_tokens, cfg.generate.stream) == (9, 32, True)
+    with pytest.raises(ValueError, match="--generate-max-tokens / PAGODA_GENERATE_MAX_TOKENS must be at least 1"):
+        Server.from_sources({}, env={"PAGODA_GENERATE_MAX_TOKENS": "0"})
+    # the real ServeConfig composes the decision API's section the same way
+    assert ServeConfig.from_sources({"max_states": 3}, env={}).decide.max_states == 3

@@ -7,8 +7,9 @@ import requests
 from serving_support import BILLING_STATE
 
 from serving.app import create_app
-from serving.backend import LayaBackend
 from serving.config import ServeConfig
+from serving.decide.backend import LayaBackend
+from serving.decide.routes import DecideApi
 
 
 def check(value, schema: dict, doc: dict, where: str = "$") -> None:
@@ -54,7 +55,8 @@ def check(value, schema: dict, doc: dict, where: str = "$") -> None:
 
 
 def test_documents_exactly_the_served_routes(agent):
-    app = create_app(ServeConfig(), backend=LayaBackend(agent, "tiny"))
+    cfg = ServeConfig()
+    app = create_app(cfg, apis=[DecideApi(cfg.decide, cfg.request_timeout_s, backend=LayaBackend(agent, "tiny"))])
     served = {(rule.rule, method.lower()) for rule in app.url_map.iter_rules() if rule.endpoint != "static"
               for method in rule.methods - {"HEAD", "OPTIONS"}}
     doc = app.test_client().get("/openapi.json").get_json()

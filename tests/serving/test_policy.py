@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.policy import Policy, PolicyError
+from serving.decide.policy import Policy, PolicyError
 
 ANSWERS = {
     "churn_risk": {"type": "noul", "noul": 0.81, "confidence": 0.81},
@@ -55,5 +55,5 @@ def test_load_yaml_and_json(tmp_path):
     assert Policy.load(tmp_path / "p.yaml").evaluate(ANSWERS) == {"escalate": True}
     assert Policy.load(tmp_path / "p.json").evaluate(ANSWERS) == {"queue": "billing"}
     (tmp_path / "bad.yaml").write_text("- a list\n")
-    with pytest.raises(PolicyError, match="mapping"):
+    with pytest.raises(ValueError, match="mapping"):
         Policy.load(tmp_path / "bad.yaml")

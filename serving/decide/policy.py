@@ -20,13 +20,12 @@ decides it. So a rule over questions a request did not ask answers `null`, never
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from serving.decide.mapping_file import read_mapping
 
 ANSWER_FIELDS = {"choice", "score", "noul", "confidence", "answer_confidence", "low_confidence", "abstention"}
 KEYED_FIELDS = {"probabilities", "legend", "action"}
@@ -250,17 +249,3 @@ class Policy:
         rules = data.get("rules", data) if isinstance(data.get("rules"), dict) else data
         return cls(rules)
 
-
-def read_mapping(path: str | Path, what: str) -> dict:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"cannot read {what} file {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise PolicyError(f"{what} file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from None
-    if not isinstance(data, dict):
-        raise PolicyError(f"{what} file {path} must hold a mapping of names, got {type(data).__name__}")
-    return data

@@ -4,8 +4,8 @@ Request threads prepare their work (validation, tokenisation) themselves and `su
 takes units from the front of one FIFO queue until the batch would pass `max_batch_questions` rows or
 `max_batch_tokens` padded tokens, runs ONE forward pass and hands each unit its own slice back. It
 waits (at most `max_wait_ms`) for company only while other requests are still being prepared
-(`arriving`), so a lone client never pays the wait and a crowd fills the batch. Throughput then grows with concurrency because a forward pass over
-many rows costs far less than that many passes of a few rows.
+(`arriving`), so a lone client never pays the wait and a crowd fills the batch. Throughput then grows
+with concurrency because a forward pass over many rows costs far less than that many passes of a few rows.
 
 Safety properties the tests hold it to:
 - A full queue refuses at submit (`QueueFull` → 503 + Retry-After) instead of growing without bound.
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from serving.metrics import Metrics
+from serving.decide.metrics import DecideMetrics
 
 log = logging.getLogger("pagoda.batcher")
 
@@ -53,7 +53,7 @@ class BatchLimits:
     batching: bool = True
 
 
-class Ticket:
+class Pending:
     """One request's units in flight; `wait` returns their outputs in submission order."""
 
     def __init__(self, n_units: int, deadline: float):
@@ -98,7 +98,7 @@ class Ticket:
 
 @dataclass
 class _Entry:
-    ticket: Ticket
+    pending: Pending
     index: int
     unit: Any
     rows: int
@@ -108,7 +108,7 @@ class _Entry:
 class Batcher:
     """`run(units) -> outputs` is the backend's one padded forward pass over any mix of units."""
 
-    def __init__(self, run: Callable[[list[Any]], list[Any]], limits: BatchLimits, metrics: Metrics):
+    def __init__(self, run: Callable[[list[Any]], list[Any]], limits: BatchLimits, metrics: DecideMetrics):
         self._run = run
         self.limits = limits
         self.metrics = metrics
@@ -120,9 +120,9 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="pagoda-model-worker", daemon=True)
         self._thread.start()
 
-    def submit(self, units: Sequence[Any], costs: Sequence[tuple[int, int]], deadline: float) -> Ticket:
+    def submit(self, units: Sequence[Any], costs: Sequence[tuple[int, int]], deadline: float) -> Pending:
         """Queue a request's units; `costs[i]` is `(rows, tokens per row)` of `units[i]`."""
-        ticket = Ticket(len(units), deadline)
+        pending = Pending(len(units), deadline)
         with self._cv:
             if self._stopping:
                 raise QueueFull("server is stopping")
@@ -131,17 +131,17 @@ class Batcher:
                 # they must not hold capacity a live request could use.
                 now = time.monotonic()
                 self._queue = deque(e for e in self._queue if not (
-                    e.ticket.abandoned or e.ticket.error is not None or now >= e.ticket.deadline))
+                    e.pending.abandoned or e.pending.error is not None or now >= e.pending.deadline))
             if len(self._queue) + len(units) > self.limits.max_queue:
                 raise QueueFull(f"queue full ({len(self._queue)} states waiting, limit {self.limits.max_queue})")
             for index, (unit, (rows, width)) in enumerate(zip(units, costs)):
-                self._queue.append(_Entry(ticket, index, unit, rows, width))
+                self._queue.append(_Entry(pending, index, unit, rows, width))
             if getattr(self._local, "arriving", False):  # this request has arrived: stop waiting for it
                 self._local.arriving = False
                 self._arriving -= 1
             self.metrics.queue_depth.set(len(self._queue))
             self._cv.notify()
-        return ticket
+        return pending
 
     @contextmanager
     def arriving(self) -> Iterator[None]:
@@ -176,7 +176,7 @@ class Batcher:
             except Exception as exc:  # noqa: BLE001 -- the worker must outlive any one batch
                 log.exception("model worker error")
                 for entry in batch:
-                    entry.ticket._fail(ModelError(str(exc)))
+                    entry.pending._fail(ModelError(str(exc)))
 
     def _collect(self) -> list[_Entry] | None:
         limits = self.limits
@@ -193,14 +193,14 @@ class Batcher:
                 while self._queue:
                     entry = self._queue[0]
                     now = time.monotonic()
-                    if entry.ticket.abandoned or entry.ticket.error is not None:
+                    if entry.pending.abandoned or entry.pending.error is not None:
                         self._queue.popleft()
                         continue
-                    if now >= entry.ticket.deadline:
+                    if now >= entry.pending.deadline:
                         self._queue.popleft()
-                        entry.ticket._fail(DeadlineExceeded())
+                        entry.pending._fail(DeadlineExceeded())
                         continue
-                    if batch and not limits.batching and entry.ticket is not batch[0].ticket:
+                    if batch and not limits.batching and entry.pending is not batch[0].pending:
                         full = True
                         break
                     new_rows, new_width = rows + entry.rows, max(width, entry.width)
@@ -224,26 +224,26 @@ class Batcher:
             return batch
 
     def _execute(self, batch: list[_Entry]) -> None:
-        batch = [e for e in batch if not e.ticket.abandoned]  # gave up while the batch was collecting
+        batch = [e for e in batch if not e.pending.abandoned]  # gave up while the batch was collecting
         if not batch:
             return
         start = time.monotonic()
         for entry in batch:
-            entry.ticket._start(start)
-        waits = [start - entry.ticket.enqueued for entry in batch]
+            entry.pending._start(start)
+        waits = [start - entry.pending.enqueued for entry in batch]
         try:
             outputs = self._run([entry.unit for entry in batch])
         except Exception as exc:  # noqa: BLE001 -- reported per request below, never lost
-            tickets = {id(e.ticket): e.ticket for e in batch}
-            if len(tickets) == 1:
+            requests = dict.fromkeys(id(e.pending) for e in batch)  # in queue order
+            if len(requests) == 1:
                 log.exception("model forward failed")
-                batch[0].ticket._fail(ModelError(str(exc)))
+                batch[0].pending._fail(ModelError(str(exc)))
                 return
             # Re-run request by request so only the request that breaks the model fails.
-            for ticket_id in tickets:
-                self._execute([e for e in batch if id(e.ticket) == ticket_id])
+            for request in requests:
+                self._execute([e for e in batch if id(e.pending) == request])
             return
         forward_s = time.monotonic() - start
         self.metrics.observe_batch(len(batch), sum(e.rows for e in batch), forward_s, waits)
         for entry, output in zip(batch, outputs):
-            entry.ticket._deliver(entry.index, output)
+            entry.pending._deliver(entry.index, output)

@@ -1,6 +1,6 @@
 """What the batcher runs: a Laya agent or a distilled student, behind the same four operations.
 
-`prepare` (request thread: validation, tokenisation; `ValueError` → 422), `cost` (rows and tokens per
+`prepare` (request thread: validation, tokenisation; `InputError` → 422), `cost` (rows and tokens per
 row, for the batch limits), `run` (model worker: ONE pass over units from many requests, split back per
 unit) and `finish` (request thread: the answer JSON). Heavy imports happen in `load_backend`, in the
 serving process, so the gunicorn master and `pagoda --help` never import torch.
@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serving.config import ServeConfig
+from laya.errors import InputError
+from laya.rows import state_text
+from serving.decide.config import DecideConfig
 
 
 class LayaBackend:
@@ -61,10 +63,14 @@ class StudentBackend:
     def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
         if budgets:
             field = sorted(budgets)[0]
-            raise ValueError(f"{field}: not supported when serving a student (its budgets are fixed at distillation)")
-        names = self.student.select(questions)
-        from distill.runtime import state_text
-
+            raise InputError(f"{field}: not supported when serving a student (its budgets are fixed at "
+                             "distillation)", field=field)
+        try:
+            names = self.student.select(questions)
+        except InputError:
+            raise
+        except ValueError as exc:  # distill.runtime names no field: every refusal of select is about `questions`
+            raise InputError(str(exc), field="questions") from None
         return StudentUnit(state, names, len(state_text(state)))
 
     def cost(self, unit: StudentUnit) -> tuple[int, int]:
@@ -84,7 +90,7 @@ class StudentBackend:
         return output
 
 
-def load_backend(cfg: ServeConfig) -> LayaBackend | StudentBackend:
+def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
     if cfg.student:
         from distill.runtime import Student
 

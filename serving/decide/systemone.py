@@ -1,9 +1,10 @@
-"""The laya-serve wire contract of `/v1/systemone` and `/v1/systemone/batch`, for existing clients.
+"""The `/v1/systemone` dialect: laya-serve's wire contract of `/v1/systemone(/batch)`, for existing clients.
 
 Those servers answer the plain answer JSON with one addition on every choice and score answer:
 `x_jev_confidence`, the confidence TypeSafe Jev's own formulas give for the same probabilities (Laya's
 `confidence` is normalised entropy, a different number), so a client porting a Jev threshold keeps its
-meaning. The batch route answers `{"results": [...], "total_usage": {input_tokens, output_tokens}}`.
+meaning. The batch route answers `{"results": [...], "total_usage": {input_tokens, output_tokens}}`,
+and error bodies carry FastAPI's `detail` beside the server's `error` object, which those clients read.
 """
 
 from __future__ import annotations
@@ -35,17 +36,21 @@ def jev_confidence(answer: dict) -> float | None:
     return max(0.0, 1.0 - spread / uniform)
 
 
-def systemone_result(result: dict) -> dict:
+def result(decision: dict) -> dict:
     answers: dict[str, Any] = {}
-    for name, answer in result.get("answers", {}).items():
+    for name, answer in decision.get("answers", {}).items():
         conf = jev_confidence(answer) if isinstance(answer, dict) else None
         answers[name] = answer if conf is None else {**answer, "x_jev_confidence": round(conf, 4)}
-    return {**result, "answers": answers}
+    return {**decision, "answers": answers}
 
 
-def systemone_batch(results: list[dict]) -> dict:
+def batch(decisions: list[dict]) -> dict:
     return {
-        "results": [systemone_result(r) for r in results],
-        "total_usage": {"input_tokens": sum(r["usage"].get("input_tokens", 0) for r in results),
-                        "output_tokens": sum(r["usage"].get("output_tokens", 0) for r in results)},
+        "results": [result(d) for d in decisions],
+        "total_usage": {"input_tokens": sum(d["usage"].get("input_tokens", 0) for d in decisions),
+                        "output_tokens": sum(d["usage"].get("output_tokens", 0) for d in decisions)},
     }
+
+
+def error_body(body: dict) -> dict:
+    return {**body, "detail": body["error"]["message"]}

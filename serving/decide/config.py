@@ -1,0 +1,48 @@
+"""The decision API's settings: which model answers, how its batcher shapes passes, what a request may ask.
+
+A section of `ServeConfig` with an empty flag prefix: these flags (`--model`, `--max-queue`, ...) were the
+server's only ones before it served more than one API, and operators' scripts use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.flags import Settings, option
+
+SHIPPED_PRESETS = Path(__file__).with_name("presets.yaml")
+
+
+@dataclass
+class DecideConfig(Settings):
+    model: str | None = option(None, "Laya checkpoint folder (default: the embedded laya-mini)")
+    student: str | None = option(None, "serve a distilled student folder instead of a Laya checkpoint")
+    device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
+    torch_threads: int = option(0, "torch intra-op threads per worker (0: torch's default)", minimum=0)
+    presets: str = option(str(SHIPPED_PRESETS), "JSON or YAML file of named question sets")
+    policy: str | None = option(None, "JSON or YAML file of named rules over answers (returned as `actions`)")
+    batching: bool = option(True, "batch questions from concurrent requests into shared forward passes")
+    max_batch_questions: int = option(256, "most question rows in one forward pass", minimum=1)
+    max_batch_tokens: int = option(65536, "most tokens (rows x padded length) in one forward pass", minimum=1)
+    max_wait_ms: float = option(5.0, "how long the model worker may wait for requests still being prepared to "
+                                     "join a batch (never when none are)", minimum=0)
+    max_queue: int = option(1024, "most states waiting for the model; past it requests get 503", minimum=1)
+    max_states: int = option(64, "most states in one /decide/batch request", minimum=1)
+    max_questions: int = option(64, "most questions in one request", minimum=1)
+    max_options: int = option(100, "most options of one question", minimum=1)
+    max_state_chars: int = option(50000, "longest state, in characters of its text", minimum=1)
+    max_len_cap: int = option(8192, "largest max_len / head_max_len a request may ask for", minimum=1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_queue < self.max_states:
+            raise ValueError(f"{self.where('max_queue')} ({self.max_queue}) must be at least "
+                             f"{self.where('max_states')} ({self.max_states}), or a full batch request could "
+                             "never be queued")
+        if self.model and self.student:
+            raise ValueError("give either --model or --student, not both")
+        for name in ("model", "student"):
+            path = getattr(self, name)
+            if path and not Path(path).is_dir():
+                raise ValueError(f"{self.where(name)} {path}: no such folder")

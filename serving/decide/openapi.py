@@ -1,0 +1,102 @@
+"""The decision API's part of `/openapi.json`: its four routes and their schemas, from the live limits.
+
+Request schemas are checked against `schema.ROUTE_FIELDS` when built, so the document cannot drift from
+the parser; question types come from laya, the one place that defines them.
+"""
+
+from __future__ import annotations
+
+from laya.questions import QUESTION_TYPES
+from serving.decide.config import DecideConfig
+from serving.decide.schema import ROUTE_FIELDS
+from serving.openapi import SCHEMAS, post, ref
+
+
+def openapi(cfg: DecideConfig) -> dict:
+    state = {"description": "text, a JSON object, or a list of chat turns",
+             "oneOf": [{"type": "string", "maxLength": cfg.max_state_chars}, {"type": "object"}, {"type": "array"}]}
+    budgets = {
+        "max_len": {"type": "integer", "minimum": 1, "maximum": cfg.max_len_cap},
+        "head_max_len": {"type": "integer", "minimum": 1, "maximum": cfg.max_len_cap},
+        "min_confidence": {"description": "abstain below this answer_confidence; a number or a per-bucket "
+                                          "object such as {\"choice:3-5\": 0.6, \"default\": 0.5}",
+                           "oneOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "object"}]},
+    }
+    states = {"type": "array", "minItems": 1, "maxItems": cfg.max_states, "items": state}
+    compat_extras = {"model": {"type": "string", "description": "accepted for compatibility; one model is served"},
+                     "task": {"type": "string"}, "lang": {"type": "string"}, "lang_guess": {"type": "string"}}
+    batch_extras = {"batch_size": {"type": "integer"}, "sort_by_length": {"type": "boolean"}}
+    preset = {"type": "string", "description": "name of a question set from the presets file"}
+
+    def request_schema(route: str, props: dict, required: list[str]) -> dict:
+        if set(props) != ROUTE_FIELDS[route]:  # the document must not drift from the parser
+            raise RuntimeError(f"openapi: {route} documents {sorted(props)}, serves {sorted(ROUTE_FIELDS[route])}")
+        return {"type": "object", "additionalProperties": False, "required": required, "properties": props}
+
+    error = SCHEMAS["Error"]
+    schemas = {
+        "Question": {
+            "type": "object", "required": ["type", "instructions"],
+            "properties": {
+                "type": {"enum": list(QUESTION_TYPES)},
+                "instructions": {"type": "string"},
+                "criteria": {"description": "choice: {label: description} or [labels] (required); score: "
+                                            "[level descriptions]; noul: {false, true} descriptions; at most "
+                                            f"{cfg.max_options} options",
+                             "oneOf": [{"type": "object"}, {"type": "array"}]},
+                "labels": {"type": "object", "description": "noul only: display labels for false/true"},
+            },
+        },
+        "Questions": {"type": "object", "maxProperties": cfg.max_questions, "additionalProperties": ref("Question")},
+        "DecideRequest": request_schema("decide", {"state": state, "questions": ref("Questions"),
+                                                   "preset": preset, **budgets}, ["state"]),
+        "DecideBatchRequest": request_schema("decide_batch", {"states": states, "questions": ref("Questions"),
+                                                              "preset": preset, **budgets}, ["states"]),
+        "SystemOneRequest": request_schema("systemone", {"state": state, "questions": ref("Questions"),
+                                                         **compat_extras, **budgets}, ["state", "questions"]),
+        "SystemOneBatchRequest": request_schema(
+            "systemone_batch", {"states": states, "questions": ref("Questions"), **compat_extras,
+                                **batch_extras, **budgets}, ["states", "questions"]),
+        "Answer": {
+            "type": "object", "required": ["type", "confidence", "answer_confidence"],
+            "properties": {
+                "type": {"enum": list(QUESTION_TYPES)},
+                "choice": {"type": "string"}, "score": {"type": "number"}, "noul": {"type": "number"},
+                "probabilities": {"type": "object"}, "legend": {"type": "object"},
+                "confidence": {"type": "number"}, "answer_confidence": {"type": "number"},
+                "action": {"type": "object", "description": "act_probability: the act head's, null for a student"},
+                "abstention": {"enum": ["passed", "abstained"]},
+                "abstention_threshold": {"type": "number"}, "low_confidence": {"type": "boolean"},
+                "x_jev_confidence": {"type": "number", "description": "/v1/systemone routes only"},
+            },
+        },
+        "Usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
+                  "properties": {"input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"},
+                                 "latency_ms": {"type": "number"}, "queue_ms": {"type": "number"}}},
+        "Decision": {"type": "object", "required": ["model", "answers", "usage"],
+                     "properties": {"model": {"type": "string"},
+                                    "answers": {"type": "object", "additionalProperties": ref("Answer")},
+                                    "usage": ref("Usage"),
+                                    "actions": {"type": "object", "description": "policy rule results"},
+                                    "request_id": {"type": "string"}}},
+        "DecideBatchResponse": {"type": "object", "required": ["results", "usage", "request_id"],
+                                "properties": {"results": {"type": "array", "items": ref("Decision")},
+                                               "usage": ref("Usage"), "request_id": {"type": "string"}}},
+        "SystemOneBatchResponse": {"type": "object", "required": ["results", "total_usage"],
+                                   "properties": {"results": {"type": "array", "items": ref("Decision")},
+                                                  "total_usage": ref("Usage")}},
+        "SystemOneError": {**error, "required": [*error["required"], "detail"],
+                           "properties": {**error["properties"],
+                                          "detail": {"type": "string", "description": "error.message again, "
+                                                     "where laya-serve clients read it"}}},
+    }
+    paths = {
+        "/decide": post("Decide one state: answers, request_id, usage.latency_ms/queue_ms, actions",
+                        "DecideRequest", "Decision"),
+        "/decide/batch": post(f"Decide up to {cfg.max_states} states against the same questions",
+                              "DecideBatchRequest", "DecideBatchResponse"),
+        "/v1/systemone": post("laya-serve compatible decision", "SystemOneRequest", "Decision", "SystemOneError"),
+        "/v1/systemone/batch": post("laya-serve compatible batch", "SystemOneBatchRequest",
+                                    "SystemOneBatchResponse", "SystemOneError"),
+    }
+    return {"paths": paths, "schemas": schemas}

@@ -1,0 +1,112 @@
+"""`DecideApi`: the decision API as the app factory mounts it, its four routes and what it adds to the server.
+
+Constructing it reads the presets and the policy (cheap, and a bad file must stop `pagoda serve` before
+gunicorn forks); `start` registers its metrics and begins loading the model. The core answers `/ready`,
+`/v1/models`, `/stats` and `/openapi.json` from what this class reports, and maps the exceptions the
+routes raise (laya's `InputError`, `ApiError`) to the error shape, reshaped by the systemone dialect on
+its routes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import Blueprint, g, request
+from prometheus_client import CollectorRegistry
+
+from serving.decide import systemone
+from serving.decide.config import DecideConfig
+from serving.decide.metrics import DecideMetrics
+from serving.decide.openapi import openapi
+from serving.decide.policy import Policy
+from serving.decide.presets import load_presets
+from serving.decide.schema import DecideRequest, decide_request, parse_json
+from serving.decide.service import Service
+
+
+class DecideApi:
+    name = "decide"
+
+    def __init__(self, cfg: DecideConfig, request_timeout_s: float, backend: Any = None):
+        """`backend` injects an already-loaded model (tests, embedding); otherwise `start` loads it."""
+        self.cfg = cfg
+        self.request_timeout_s = request_timeout_s
+        self.presets = load_presets(cfg.presets, cfg) if cfg.presets else {}
+        self.policy = Policy.load(cfg.policy) if cfg.policy else None
+        self._backend = backend
+        self.service: Service | None = None
+        self.error_dialects = {"/v1/systemone": systemone.error_body}
+        self.blueprint = Blueprint("decide", __name__)
+        for rule, view in (("/decide", self.decide), ("/decide/batch", self.decide_batch),
+                           ("/v1/systemone", self.systemone), ("/v1/systemone/batch", self.systemone_batch)):
+            self.blueprint.add_url_rule(rule, view_func=view, methods=["POST"])
+
+    # What the app factory asks of every API.
+
+    def start(self, registry: CollectorRegistry) -> None:
+        self.service = Service(self.cfg, DecideMetrics(registry), self.request_timeout_s)
+        if self._backend is not None:
+            self.service.attach(self._backend)
+        else:
+            self.service.load_in_background()
+
+    @property
+    def loaded(self):
+        return self.service.loaded
+
+    @property
+    def error(self) -> str | None:
+        return self.service.error
+
+    def status(self) -> dict:
+        backend = self.service.backend
+        return {"model": backend.name, "kind": backend.kind}
+
+    def models(self) -> dict:
+        backend = self.service.backend
+        data = [] if backend is None else [{
+            "id": backend.name, "object": "model", "owned_by": "pagoda", "kind": backend.kind,
+            "questions": sorted(backend.default_questions) if backend.default_questions else None,
+        }]
+        return {"data": data, "presets": sorted(self.presets)}
+
+    def stats(self) -> dict:
+        return {**self.service.metrics.stats(), "batching": self.cfg.batching}
+
+    def openapi(self) -> dict:
+        return openapi(self.cfg)
+
+    # The routes.
+
+    def decide(self) -> dict:
+        results, queue_ms = self.service.decide(self._read("decide"), g.t0, g.request_id, batch=False)
+        result = self._with_actions(results[0])
+        result["usage"] = {**result["usage"], **self._timing(queue_ms)}
+        return {**result, "request_id": g.request_id}
+
+    def decide_batch(self) -> dict:
+        results, queue_ms = self.service.decide(self._read("decide_batch"), g.t0, g.request_id, batch=True)
+        usage = {"input_tokens": sum(r["usage"].get("input_tokens", 0) for r in results),
+                 "output_tokens": sum(r["usage"].get("output_tokens", 0) for r in results),
+                 **self._timing(queue_ms)}
+        return {"results": [self._with_actions(r) for r in results], "usage": usage, "request_id": g.request_id}
+
+    def systemone(self) -> dict:
+        results, _ = self.service.decide(self._read("systemone"), g.t0, g.request_id, batch=False)
+        return systemone.result(results[0])
+
+    def systemone_batch(self) -> dict:
+        results, _ = self.service.decide(self._read("systemone_batch"), g.t0, g.request_id, batch=True)
+        return systemone.batch(results)
+
+    def _read(self, route: str) -> DecideRequest:
+        body = parse_json(request.get_data(cache=False))
+        backend = self.service.backend
+        return decide_request(body, route, self.cfg, self.presets, backend.default_questions if backend else None)
+
+    def _timing(self, queue_ms: float) -> dict:
+        return {"latency_ms": round((time.monotonic() - g.t0) * 1000, 3), "queue_ms": queue_ms}
+
+    def _with_actions(self, result: dict) -> dict:
+        return {**result, "actions": self.policy.evaluate(result["answers"])} if self.policy else result

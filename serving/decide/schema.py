@@ -1,0 +1,125 @@
+"""Request bodies: their shape and the server's limits, checked before anything reaches the model.
+
+Only what HTTP owes its callers regardless of the model lives here: the body is an object with the
+route's fields (unknown ones are refused rather than ignored, so a typo'd control is told, not silently
+dropped), and sizes and counts stay under the caps in `DecideConfig`. What a state or a question *means*
+is laya's to check, once, in `Agent.prepare`; its `InputError` names the field and becomes the same 422.
+Where a limit has to read a state it asks laya for the state's text, so laya's own check names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from laya.errors import InputError
+from laya.rows import state_text
+from serving.decide.config import DecideConfig
+from serving.errors import ApiError
+
+_BUDGETS = ("max_len", "head_max_len", "min_confidence")
+
+# Fields each route accepts. The `/v1/systemone` routes also take the laya-serve controls that only make
+# sense for its multi-checkpoint router (`model`, `task`, `lang`, `lang_guess`) and its batch shaping
+# (`batch_size`, `sort_by_length`): one model is served here and the batcher shapes passes itself, so
+# they are accepted for client compatibility and have no effect.
+ROUTE_FIELDS = {
+    "decide": {"state", "questions", "preset", *_BUDGETS},
+    "decide_batch": {"states", "questions", "preset", *_BUDGETS},
+    "systemone": {"state", "questions", "model", "task", "lang", "lang_guess", *_BUDGETS},
+    "systemone_batch": {"states", "questions", "model", "task", "lang", "lang_guess", "batch_size",
+                        "sort_by_length", *_BUDGETS},
+}
+
+
+@dataclass
+class DecideRequest:
+    states: list[Any]
+    questions: Any
+    budgets: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+
+
+def parse_json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+
+
+def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, dict],
+                   default_questions: dict | None = None) -> DecideRequest:
+    """`default_questions` answers a body with neither questions nor preset (a student's own questions)."""
+    if not isinstance(body, dict):
+        raise InputError(f"request body must be a JSON object, got {type(body).__name__}", field="body")
+    unknown = sorted(set(body) - ROUTE_FIELDS[route])
+    if unknown:
+        raise InputError(f"unknown field {unknown[0]!r}; this route takes {', '.join(sorted(ROUTE_FIELDS[route]))}",
+                         field=unknown[0])
+    if route.endswith("batch"):
+        states = body.get("states")
+        if not isinstance(states, list) or not states:
+            raise InputError("states must be a non-empty list of states", field="states")
+        if len(states) > cfg.max_states:
+            raise InputError(f"too many states ({len(states)} > {cfg.max_states})", field="states")
+        for i, state in enumerate(states):
+            check_state_size(state, f"states[{i}]", cfg)
+    else:
+        if body.get("state") is None:
+            raise InputError("state is required: a string, an object or a list of chat turns", field="state")
+        states = [body["state"]]
+        check_state_size(states[0], "state", cfg)
+    questions, preset = _questions(body, presets, default_questions)
+    check_question_counts(questions, cfg)
+    return DecideRequest(states=states, questions=questions, budgets=_budgets(body, cfg), preset=preset)
+
+
+def check_state_size(state: Any, where: str, cfg: DecideConfig) -> None:
+    text = state_text(state, where)
+    if len(text) > cfg.max_state_chars:
+        raise InputError(f"{where} is too long ({len(text)} > {cfg.max_state_chars} characters)", field=where)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone `\udXXX` escape is legal JSON but no text: the caller's mistake, not a tokenizer's 500.
+        raise InputError(f"{where} contains an unpaired UTF-16 surrogate", field=where) from None
+
+
+def check_question_counts(questions: Any, cfg: DecideConfig) -> None:
+    """The caps on questions and options. Only counts: a malformed question passes here for laya to name."""
+    if not isinstance(questions, dict):
+        return
+    if len(questions) > cfg.max_questions:
+        raise InputError(f"too many questions ({len(questions)} > {cfg.max_questions})", field="questions")
+    for name, question in questions.items():
+        criteria = question.get("criteria") if isinstance(question, dict) else None
+        if isinstance(criteria, dict | list) and len(criteria) > cfg.max_options:
+            raise InputError(f"question {name!r}: too many options ({len(criteria)} > {cfg.max_options})",
+                             field="criteria", question=str(name))
+
+
+def _questions(body: dict, presets: dict[str, dict], default: dict | None) -> tuple[Any, str | None]:
+    preset = body.get("preset")
+    if preset is not None:
+        if "questions" in body:
+            raise InputError("give either questions or preset, not both", field="preset")
+        if not isinstance(preset, str) or preset not in presets:
+            known = ", ".join(sorted(presets)) or "none loaded"
+            raise InputError(f"unknown preset {preset!r}; known presets: {known}", field="preset")
+        return presets[preset], preset
+    if "questions" not in body:
+        if default is not None:
+            return default, None
+        raise InputError("questions is required (or name a preset)", field="questions")
+    return body["questions"], None
+
+
+def _budgets(body: dict, cfg: DecideConfig) -> dict[str, Any]:
+    """The budgets a request sets, under the server's cap; whether a value is a valid budget is laya's call."""
+    budgets = {name: body[name] for name in _BUDGETS if body.get(name) is not None}
+    for name in ("max_len", "head_max_len"):
+        value = budgets.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cfg.max_len_cap:
+            raise InputError(f"{name} exceeds the server limit ({value} > {cfg.max_len_cap})", field=name)
+    return budgets

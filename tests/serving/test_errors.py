@@ -1,0 +1,92 @@
+"""Typed errors end to end: laya's `InputError` becomes the 422 body by its attributes, never by its text,
+and what a question means is checked by laya alone (serving's schema lets a malformed question through)."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from serving_support import BILLING_STATE
+
+from laya.errors import InputError
+from laya.questions import parse_question
+from serving.decide.backend import LayaBackend
+from serving.decide.config import DecideConfig
+from serving.decide.metrics import DecideMetrics
+from serving.decide.schema import DecideRequest, decide_request
+from serving.decide.service import Service
+
+
+def laya_refusal(name: str, qdef: dict) -> InputError:
+    with pytest.raises(InputError) as err:
+        parse_question(name, qdef)
+    return err.value
+
+
+def post(server, path, body):
+    return requests.post(server.url + path, json=body, timeout=60)
+
+
+@pytest.mark.parametrize("qdef,field", [
+    ({"type": "maybe", "instructions": "?"}, "questions.q.type"),
+    ({"type": "choice", "instructions": "?", "criteria": []}, "questions.q.criteria"),
+    ({"type": "noul", "instructions": "?", "criteria": {"perhaps": "x"}}, "questions.q.criteria"),
+    ({"type": "noul", "instructions": "?", "colour": "red"}, "questions.q.colour"),
+    ({"type": "score", "instructions": ""}, "questions.q.instructions"),
+])
+def test_laya_errors_reach_the_client_as_laya_wrote_them(server, qdef, field):
+    expected = laya_refusal("q", qdef)
+    assert expected.path == field
+    for path, body in (("/decide", {"state": BILLING_STATE, "questions": {"q": qdef}}),
+                       ("/decide/batch", {"states": [BILLING_STATE, "x"], "questions": {"q": qdef}})):
+        r = post(server, path, body)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        # the message is laya's own, word for word: nothing in serving re-checked the question first
+        assert error == {"message": str(expected), "type": "invalid_request", "field": field}
+
+
+def test_batch_states_are_named_by_index(server, billing_questions):
+    r = post(server, "/decide/batch", {"states": [BILLING_STATE, {"ok": 1}, 7], "questions": billing_questions})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "states[2]"
+    r = post(server, "/v1/systemone/batch", {"states": [None], "questions": billing_questions})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "states[0]"
+    assert r.json()["detail"] == r.json()["error"]["message"]
+
+
+def test_request_level_fields_keep_their_own_name(server, billing_questions):
+    # laya names a budget by itself even when one question is what it does not fit
+    tight = {"state": BILLING_STATE, "questions": billing_questions, "max_len": 8}
+    r = post(server, "/decide", tight)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "max_len", r.text
+    r = post(server, "/decide", {**tight, "max_len": 0})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "max_len", r.text
+    r = post(server, "/decide", {"state": "x", "questions": billing_questions, "min_confidence": {"nope": 1}})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "min_confidence", r.text
+    r = post(server, "/decide", {"state": "x", "questions": ["not", "a", "mapping"]})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "questions", r.text
+
+
+def test_schema_checks_limits_not_meaning():
+    cfg = DecideConfig()
+    nonsense = {"q": {"type": "maybe", "criteria": {"a": 1}}, "r": "not even an object"}
+    req = decide_request({"state": "x", "questions": nonsense, "max_len": "long"}, "decide", cfg, {})
+    assert req.questions == nonsense and req.budgets == {"max_len": "long"}
+    too_many = {"q": {"type": "maybe", "criteria": list(range(cfg.max_options + 1))}}
+    with pytest.raises(InputError) as err:
+        decide_request({"state": "x", "questions": too_many}, "decide", cfg, {})
+    assert err.value.path == "questions.q.criteria"
+
+
+def test_service_names_the_batch_state_laya_refused(agent, billing_questions):
+    """Past the schema (an embedding caller), laya's own refusal of a state still names its index."""
+    service = Service(DecideConfig(), DecideMetrics(), request_timeout_s=30)
+    service.attach(LayaBackend(agent, "tiny"))
+    req = DecideRequest(states=[BILLING_STATE, 7], questions=billing_questions)
+    with pytest.raises(InputError) as err:
+        service.decide(req, 0.0, "test", batch=True)
+    assert err.value.path == "states[1]"
+    with pytest.raises(InputError) as err:
+        service.decide(DecideRequest(states=[7], questions=billing_questions), 0.0, "test", batch=False)
+    assert err.value.path == "state"
+    service.batcher.stop()
