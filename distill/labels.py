@@ -140,7 +140,7 @@ def missing_chunks(label_dir: Path, n_rows: int, chunk_rows: int) -> list[int]:
     return [c for c in range(-(-n_rows // chunk_rows)) if not _chunk_path(Path(label_dir), c).exists()]
 
 
-def load_labels(label_dir: Path, task: Task):
+def load_labels(label_dir: Path):
     """Every labelled chunk as one Dataset in row order; refuses a partial set (name the missing chunks)."""
     from datasets import Dataset
 

@@ -114,7 +114,7 @@ class Run:
 
     # -- stages 2-5 read the labelled set ---------------------------------------------------------------------
     def dataset(self) -> dict[str, Any]:
-        ds = L.load_labels(self.layout.labels, self.task)
+        ds = L.load_labels(self.layout.labels)
         rows = np.asarray(ds[L.ROW])
         split = L.split_of(rows, self.task)
         return {"ds": ds, "split": split, "texts": [state_text(x) for x in ds[self.task.text_field]],

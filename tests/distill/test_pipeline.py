@@ -39,7 +39,7 @@ def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
 def test_student_learns_the_teacher_better_than_uniform(student_dir):
     """Held-out KL to the teacher well below what a know-nothing (uniform) student would score."""
     report = json.loads((student_dir / "report.json").read_text())
-    labelled = L.load_labels(student_dir / "labels", parse_task(TASK))
+    labelled = L.load_labels(student_dir / "labels")
     rows = np.asarray(labelled[L.ROW])
     held = L.split_of(rows, parse_task(TASK)) == 2
     for q, row in report["students"]["encoder fp32"]["questions"].items():
@@ -54,7 +54,7 @@ def test_report_measures_calibration_with_laya_calibration(student_dir):
 
     task = parse_task(TASK)
     report = json.loads((student_dir / "report.json").read_text())
-    labelled = L.load_labels(student_dir / "labels", task)
+    labelled = L.load_labels(student_dir / "labels")
     held = np.flatnonzero(L.split_of(np.asarray(labelled[L.ROW]), task) == 2)
     texts = [labelled[task.text_field][i] for i in held]
     probs, temps = student_probs(student_dir, "fp32", texts)
@@ -87,14 +87,14 @@ def test_interrupted_labelling_relabels_only_the_missing_chunk(student_dir, dist
     labels = tmp_path / "labels"
     shutil.copytree(student_dir / "labels", labels)
     victim = labels / "chunk-00002.parquet"
-    original = L.load_labels(labels, task)
+    original = L.load_labels(labels)
     victim.unlink()
     corpus = L.load_corpus(distill_inputs["data"], task)
     with torch_threads(1):
         n = L.label(task, laya.load(distill_inputs["teacher"]), corpus, labels,
                     teacher_id=json.loads((labels / "meta.json").read_text())["teacher"], progress=False)
     assert n == TASK["labels"]["chunk_rows"]
-    again = L.load_labels(labels, task)
+    again = L.load_labels(labels)
     for q in TASK["questions"]:
         assert again[L.prob_column(q)] == original[L.prob_column(q)]
 
@@ -116,7 +116,7 @@ def test_shards_label_disjoint_chunks_that_merge_into_the_full_set(student_dir, 
         n = L.label(task, laya.load(i["teacher"]), L.load_corpus(i["data"], task), merged, shard=(1, 2),
                     teacher_id=teacher_id, progress=False)
     assert n == N_TICKETS // 2
-    a, b = L.load_labels(merged, task), L.load_labels(student_dir / "labels", task)
+    a, b = L.load_labels(merged), L.load_labels(student_dir / "labels")
     assert len(a) == N_TICKETS
     for q in TASK["questions"]:
         assert a[L.prob_column(q)] == b[L.prob_column(q)]
@@ -127,7 +127,7 @@ def test_partial_labels_are_refused_naming_missing_chunks(student_dir, tmp_path)
     shutil.copytree(student_dir / "labels", labels)
     (labels / "chunk-00001.parquet").unlink()
     with pytest.raises(ValueError, match=r"incomplete: chunks \[1\]"):
-        L.load_labels(labels, parse_task(TASK))
+        L.load_labels(labels)
 
 
 def test_export_check_fails_past_its_tolerance(student_dir):
