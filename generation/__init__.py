@@ -8,22 +8,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from generation.config import EngineConfig, SamplingParams
+from generation.config import EngineConfig, InvalidParam, SamplingParams
 from generation.logits_processor import LogitsProcessor
 
 if TYPE_CHECKING:
     from generation.engine import Engine, GenerationOutput, TokenEvent
-    from generation.engine_loop import EngineLoop, QueueFull, RequestHandle
+    from generation.engine_loop import BatchHandle, EngineLoop, QueueFull, RequestHandle
     from generation.session import Session
 
 _LAZY = {
     "Engine": "generation.engine", "GenerationOutput": "generation.engine", "TokenEvent": "generation.engine",
     "EngineLoop": "generation.engine_loop", "QueueFull": "generation.engine_loop",
-    "RequestHandle": "generation.engine_loop", "Session": "generation.session",
+    "RequestHandle": "generation.engine_loop", "BatchHandle": "generation.engine_loop",
+    "Session": "generation.session",
 }
 
-__all__ = ["EngineConfig", "SamplingParams", "LogitsProcessor", "Engine", "GenerationOutput", "TokenEvent",
-           "EngineLoop", "QueueFull", "RequestHandle", "Session"]
+__all__ = ["EngineConfig", "SamplingParams", "InvalidParam", "LogitsProcessor", "Engine", "GenerationOutput",
+           "TokenEvent", "EngineLoop", "QueueFull", "RequestHandle", "BatchHandle", "Session"]
 
 
 def __getattr__(name: str):

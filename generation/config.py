@@ -16,9 +16,18 @@ SCHEDULING_ORDERS = ("fcfs", "lpm", "dfs-weight")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+class InvalidParam(ValueError):
+    """A setting or request input the engine refuses. `field` is the name it was given under
+    (`top_p`, `prompt`, `pin`, ...), so a server can name its own field for it without parsing messages."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def _require(ok: bool, where: str, name: str, message: str) -> None:
     if not ok:
-        raise ValueError(f"{where}.{name}: {message}")
+        raise InvalidParam(f"{where}.{name}: {message}", name)
 
 
 @dataclass
@@ -73,9 +82,10 @@ class SamplingParams:
     settings. `prompt_logprobs=k` also scores the prompt: one record per prompt token from index
     `prompt_logprobs_start` on (None for index 0, which has no context); those positions are computed
     even when cached. `max_new_tokens=0` computes the prompt's KV (leaving it in the prefix cache) and
-    samples nothing. `cache_salt` keeps tenants apart: a prefix cached under one salt never serves
-    another salt. `logits_processors` edit this request's logits before sampling (see
-    `generation.logits_processor`); each request gets its own `fork()` of every processor.
+    samples nothing. `skip_special_tokens=False` keeps special tokens in the text. `cache_salt` keeps
+    tenants apart: a prefix cached under one salt never serves another salt. `logits_processors` edit
+    this request's logits before sampling (see `generation.logits_processor`); each request gets its
+    own `fork()` of every processor. Errors are `InvalidParam`s naming the field.
     """
 
     max_new_tokens: int = 64
@@ -90,6 +100,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     prompt_logprobs_start: int = 0
@@ -116,6 +127,7 @@ class SamplingParams:
         _require(isinstance(self.prompt_logprobs_start, int) and self.prompt_logprobs_start >= 0, w,
                  "prompt_logprobs_start", "must be an int >= 0")
         _require(self.seed is None or isinstance(self.seed, int), w, "seed", "must be an int or None")
+        _require(isinstance(self.skip_special_tokens, bool), w, "skip_special_tokens", "must be a bool")
         _require(isinstance(self.logits_processors, list | tuple)
                  and all(isinstance(p, LogitsProcessor) for p in self.logits_processors), w, "logits_processors",
                  "must be a list of generation.logits_processor.LogitsProcessor instances")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from generation.block_manager import BlockManager
-from generation.config import EngineConfig, SamplingParams
+from generation.config import EngineConfig, InvalidParam, SamplingParams
 from generation.model_runner import ModelRunner, StepLogits
 from generation.prefix_cache import make_prefix_cache
 from generation.sampler import logprob_record, sample
@@ -48,7 +48,8 @@ class GenerationOutput:
 
     `prompt_token_ids` include a pin's tokens; `pin` is the id of the pin the request left behind when it
     was added with `pin_result=True`; `prompt_logprobs` has one record per prompt token from
-    `SamplingParams.prompt_logprobs_start` on."""
+    `SamplingParams.prompt_logprobs_start` on. `matched_stop` says what ended a `stop`: the token id (EOS
+    or one of `stop_token_ids`) or the stop string."""
 
     request_id: str
     index: int
@@ -61,6 +62,7 @@ class GenerationOutput:
     prompt_logprobs: list[dict[str, Any] | None] | None = None
     pin: str | None = None
     error: str | None = None
+    matched_stop: int | str | None = None
 
 
 class Engine:
@@ -94,26 +96,28 @@ class Engine:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
             if bad:
-                raise ValueError(f"prompt: token ids {bad[:5]} outside the vocabulary (size {self.model_config.vocab_size})")
+                raise InvalidParam(f"prompt: token ids {bad[:5]} outside the vocabulary (size "
+                                   f"{self.model_config.vocab_size})", "prompt")
             return list(prompt)
-        raise ValueError("prompt: must be a string or a list of token ids")
+        raise InvalidParam("prompt: must be a string or a list of token ids", "prompt")
 
     def check_request(self, prompt: Prompt, params: SamplingParams, *, pin: str | None = None) -> list[int]:
         """Validate a request without changing any engine state, so any thread may call it (a server
         answers 4xx at once); returns the prompt's token ids. Errors name the offending field."""
         if not isinstance(params, SamplingParams):
-            raise ValueError("params: must be a SamplingParams")
+            raise InvalidParam("params: must be a SamplingParams", "params")
         ids = self.encode(prompt)
         total = len(ids)
         if pin is not None:
             kept = self._pin(pin)
             if params.cache_salt != kept.salt:
-                raise ValueError("params.cache_salt: must match the pin's salt")
+                raise InvalidParam("params.cache_salt: must match the pin's salt", "cache_salt")
             total += len(kept.tokens)
         if not total:
-            raise ValueError("prompt: empty (give at least one token)")
+            raise InvalidParam("prompt: empty (give at least one token)", "prompt")
         if total >= self.max_model_len:
-            raise ValueError(f"prompt: {total} tokens, limit is EngineConfig.max_model_len - 1 = {self.max_model_len - 1}")
+            raise InvalidParam(f"prompt: {total} tokens, limit is EngineConfig.max_model_len - 1 = "
+                               f"{self.max_model_len - 1}", "prompt")
         return ids
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
@@ -235,16 +239,18 @@ class Engine:
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
-        seq.text = self.tokenizer.decode(seq.output_ids)
+        seq.text = self.tokenizer.decode(seq.output_ids, p.skip_special_tokens)
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            seq.matched_stop = tok
             return "stop"
         if p.stop:
             # a stop string may straddle token boundaries: search the tail that the new token could complete
             window = max(len(s) for s in p.stop) + 16
             start = max(0, len(seq.text) - window)
-            hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((seq.text.find(s, start), s) for s in p.stop) if i >= 0]
             if hits:
-                seq.text = seq.text[: min(hits)]
+                at, seq.matched_stop = min(hits)
+                seq.text = seq.text[:at]
                 return "stop"
         if len(seq.output_ids) >= p.max_new_tokens or len(seq) >= self.max_model_len:
             return "length"
@@ -286,7 +292,8 @@ class Engine:
         return GenerationOutput(seq.request_id, seq.index, seq.prompt_ids, list(seq.output_ids), seq.text,
                                 seq.cached_tokens, seq.finish_reason,
                                 seq.logprobs if p.logprobs is not None else None,
-                                seq.prompt_logprobs if p.prompt_logprobs is not None else None, pin_id, seq.error)
+                                seq.prompt_logprobs if p.prompt_logprobs is not None else None, pin_id, seq.error,
+                                seq.matched_stop)
 
     # ---- driving the engine from the caller's thread ----------------------------------------------------
 
@@ -352,7 +359,7 @@ class Engine:
     def _pin(self, pin_id: str) -> Pin:
         kept = self._pins.get(pin_id)
         if kept is None:
-            raise ValueError(f"pin: unknown or unpinned id {pin_id!r}")
+            raise InvalidParam(f"pin: unknown or unpinned id {pin_id!r}", "pin")
         return kept
 
     def pin(self, prompt: Prompt, *, cache_salt: str | None = None) -> str:
@@ -367,6 +374,14 @@ class Engine:
         kept.unpinned = True
         if kept.users == 0:
             self._release_pin(kept)
+
+    def pins(self) -> dict[str, dict[str, int]]:
+        """Every pin: its token count and the pool blocks it holds."""
+        return {pin_id: {"tokens": len(kept.tokens), "blocks": len(kept.blocks)} for pin_id, kept in self._pins.items()}
+
+    def flush_cache(self) -> int:
+        """Drop every cached block no request or pin holds (they count as evictions); returns how many."""
+        return self.cache.evict(self.cache.num_cached_blocks)
 
     def _release_pin(self, kept: Pin) -> None:
         self.cache.unlock(kept.handle)

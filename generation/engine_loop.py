@@ -41,9 +41,11 @@ class QueueFull(RuntimeError):
 class RequestHandle:
     """One submitted request: its id, and the queue its events arrive on (TokenEvents, then one output)."""
 
-    def __init__(self, request_id: str, loop: EngineLoop) -> None:
+    def __init__(self, request_id: str, loop: EngineLoop, index: int = 0,
+                 events: queue.SimpleQueue | None = None) -> None:
         self.request_id = request_id
-        self.events: queue.SimpleQueue[TokenEvent | GenerationOutput] = queue.SimpleQueue()
+        self.index = index
+        self.events: queue.SimpleQueue[TokenEvent | GenerationOutput] = events or queue.SimpleQueue()
         self.output: GenerationOutput | None = None  # set once a reader has taken the final event
         self._loop = loop
 
@@ -72,17 +74,52 @@ class RequestHandle:
         self._loop.abort(self.request_id)
 
 
+class BatchHandle:
+    """Requests submitted together (a prompt list, n samples of one prompt): one queue for all their events,
+    each tagged with its request's position in the batch (`event.index`), so one reader serves them all."""
+
+    def __init__(self, handles: list[RequestHandle], events: queue.SimpleQueue) -> None:
+        self.handles = handles
+        self.events = events
+        self.outputs: list[GenerationOutput | None] = [None] * len(handles)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [h.request_id for h in self.handles]
+
+    def __iter__(self) -> Iterator[TokenEvent | GenerationOutput]:
+        """Every event, token events and the outputs, until each request has ended (outputs also land in
+        `self.outputs`). `timeout` per event is the caller's business: an abort or deadline always ends it."""
+        left = sum(out is None for out in self.outputs)
+        while left:
+            event = self.events.get()
+            if isinstance(event, GenerationOutput):
+                self.outputs[event.index] = event
+                left -= 1
+            yield event
+
+    def abort(self) -> None:
+        for handle in self.handles:
+            handle.abort()
+
+
 class EngineLoop:
     """Owns `engine` from construction until `close()`; nothing else may call the engine meanwhile.
 
     `max_waiting` bounds the requests not yet running (submitted but not added, or waiting in the
-    scheduler, preempted ones included); past it `submit` raises QueueFull."""
+    scheduler, preempted ones included); past it `submit` raises QueueFull. `num_threads`: torch intra-op
+    threads of the loop thread, set in that thread (another model in the same process, stepped by its own
+    thread, sets its own)."""
 
-    def __init__(self, engine: Engine, *, max_waiting: int | None = None, name: str = "pagoda-engine") -> None:
+    def __init__(self, engine: Engine, *, max_waiting: int | None = None, num_threads: int | None = None,
+                 name: str = "pagoda-engine") -> None:
         if max_waiting is not None and max_waiting < 0:
             raise ValueError("max_waiting: must be >= 0 (or None)")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError("num_threads: must be >= 1 (or None)")
         self.engine = engine
         self.max_waiting = max_waiting
+        self.num_threads = num_threads
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._handles: dict[str, RequestHandle] = {}  # every request not ended yet
@@ -109,19 +146,51 @@ class EngineLoop:
         params = params or SamplingParams()
         ids = self.engine.check_request(prompt, params, pin=pin)
         with self._lock:
-            if self._closed:
-                raise RuntimeError("EngineLoop: closed")
+            self._admit(1)
             if request_id is None:
-                request_id = next(r for r in (f"req-{n}" for n in self._ids) if r not in self._handles)
+                request_id = self._fresh_id()
             elif request_id in self._handles:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
-            if self.max_waiting is not None and self._not_added + self._engine_waiting >= self.max_waiting:
-                raise QueueFull(f"EngineLoop: {self.max_waiting} requests already waiting (max_waiting)")
             handle = RequestHandle(request_id, self)
-            self._handles[request_id] = handle
-            self._not_added += 1
-            self._inbox.put(partial(self._add, handle, ids, params, pin, pin_result, deadline))
+            self._queue_add(handle, ids, params, pin, pin_result, deadline)
         return handle
+
+    def submit_batch(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], *,
+                     pins: list[str | None] | None = None, deadline: float | None = None) -> BatchHandle:
+        """Queue several requests at once, all or none: every prompt is validated first, and QueueFull
+        counts the whole batch. `params` and `pins` are one per prompt (or one `params` for all). Their
+        events share `BatchHandle.events`; `event.index` is the prompt's position."""
+        if not isinstance(prompts, list) or not prompts:
+            raise ValueError("prompts: give a non-empty list")
+        per = params if isinstance(params, list) else [params] * len(prompts)
+        pins = pins if pins is not None else [None] * len(prompts)
+        if len(per) != len(prompts) or len(pins) != len(prompts):
+            raise ValueError(f"params/pins: one per prompt ({len(prompts)})")
+        checked = [self.engine.check_request(p, sp, pin=pin) for p, sp, pin in zip(prompts, per, pins)]
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            self._admit(len(prompts))
+            handles = [RequestHandle(self._fresh_id(), self, i, events) for i in range(len(prompts))]
+            for handle, ids, sp, pin in zip(handles, checked, per, pins):
+                self._queue_add(handle, ids, sp, pin, False, deadline)
+        return BatchHandle(handles, events)
+
+    def _admit(self, count: int) -> None:
+        """Under the lock: refuse `count` new requests when closed or when they would pass `max_waiting`."""
+        if self._closed:
+            raise RuntimeError("EngineLoop: closed")
+        if self.max_waiting is not None and self._not_added + self._engine_waiting + count > self.max_waiting:
+            raise QueueFull(f"EngineLoop: {self._not_added + self._engine_waiting} requests already waiting, "
+                            f"{count} more would pass max_waiting={self.max_waiting}")
+
+    def _fresh_id(self) -> str:
+        return next(r for r in (f"req-{n}" for n in self._ids) if r not in self._handles)
+
+    def _queue_add(self, handle: RequestHandle, ids: list[int], params: SamplingParams, pin: str | None,
+                   pin_result: bool, deadline: float | None) -> None:
+        self._handles[handle.request_id] = handle
+        self._not_added += 1
+        self._inbox.put(partial(self._add, handle, ids, params, pin, pin_result, deadline))
 
     def abort(self, request_id: str) -> None:
         """End a request (its blocks go back to the pool); its final event says `abort`. Unknown ids are ignored."""
@@ -149,6 +218,14 @@ class EngineLoop:
     def stats(self) -> dict[str, float]:
         """The engine's counters, read between steps."""
         return self._call(lambda engine: engine.stats())
+
+    def pins(self) -> dict[str, dict[str, int]]:
+        """Every pin with its token and block counts (`Engine.pins`)."""
+        return self._call(lambda engine: engine.pins())
+
+    def flush_cache(self) -> int:
+        """Drop the prefix cache's unused blocks between steps (`Engine.flush_cache`)."""
+        return self._call(lambda engine: engine.flush_cache())
 
     def close(self, *, drain: bool = False, timeout: float | None = None) -> None:
         """Stop accepting requests and end the loop thread. In-flight requests are aborted, or with
@@ -187,6 +264,10 @@ class EngineLoop:
     # ---- loop thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.num_threads:
+            import torch
+
+            torch.set_num_threads(self.num_threads)
         try:
             while True:
                 self._run_commands(block=self.engine.num_unfinished == 0 and not self._stopping)
@@ -232,12 +313,13 @@ class EngineLoop:
         with self._lock:
             self._not_added -= 1
         if self._stopped:
-            self._deliver(self._unstarted(handle.request_id, ids, "abort"))
+            self._deliver(self._unstarted(handle, ids, "abort"))
             return
         try:
-            self.engine.add_request(ids, params, request_id=handle.request_id, pin=pin, pin_result=pin_result)
+            self.engine.add_request(ids, params, request_id=handle.request_id, index=handle.index, pin=pin,
+                                    pin_result=pin_result)
         except Exception as exc:  # e.g. its pin was unpinned after submit checked it
-            self._deliver(self._unstarted(handle.request_id, ids, "error", str(exc)))
+            self._deliver(self._unstarted(handle, ids, "error", str(exc)))
             return
         if deadline is not None:
             self._deadlines[handle.request_id] = deadline
@@ -267,19 +349,19 @@ class EngineLoop:
     def _fail_all(self, error: str) -> None:
         """After a failed step: end every request the engine holds (those still in the inbox are unaffected)."""
         with self._lock:
-            in_flight = list(self._handles)
-        for request_id in in_flight:
+            in_flight = list(self._handles.values())
+        for handle in in_flight:
             try:
-                out = self.engine.abort(request_id, reason="error", error=error)
+                out = self.engine.abort(handle.request_id, reason="error", error=error)
             except Exception:
-                log.exception("could not release request %s", request_id)
-                out = self._unstarted(request_id, [], "error", error)
+                log.exception("could not release request %s", handle.request_id)
+                out = self._unstarted(handle, [], "error", error)
             if out is not None:
                 self._deliver(out)
 
     @staticmethod
-    def _unstarted(request_id: str, ids: list[int], reason: str, error: str | None = None) -> GenerationOutput:
-        return GenerationOutput(request_id, 0, ids, [], "", 0, reason, error=error)
+    def _unstarted(handle: RequestHandle, ids: list[int], reason: str, error: str | None = None) -> GenerationOutput:
+        return GenerationOutput(handle.request_id, handle.index, ids, [], "", 0, reason, error=error)
 
     def _stop(self, drain: bool) -> None:
         self._stopping, self._drain = True, drain
@@ -290,12 +372,12 @@ class EngineLoop:
         self._stopped = True
         self._run_commands(block=False)  # queued submissions end as aborts, queued calls raise
         with self._lock:
-            left = list(self._handles)
-        for request_id in left:
+            left = list(self._handles.values())
+        for handle in left:
             try:
-                out = self.engine.abort(request_id)
+                out = self.engine.abort(handle.request_id)
             except Exception:
-                log.exception("could not release request %s", request_id)
+                log.exception("could not release request %s", handle.request_id)
                 out = None
-            self._deliver(out or self._unstarted(request_id, [], "abort"))
+            self._deliver(out or self._unstarted(handle, [], "abort"))
 

@@ -59,6 +59,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     error: str | None = None
+    matched_stop: int | str | None = None  # what ended a `stop`: a token id or a stop string
     text: str = ""
     emitted_text_len: int = 0
     logprobs: list[dict[str, Any]] = field(default_factory=list)

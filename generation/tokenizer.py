@@ -8,10 +8,30 @@ transformers' GGUF converter does, and the tests check both agree.
 from __future__ import annotations
 
 import json
+import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from generation.config import InvalidParam
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE spells byte b as one printable character; this maps it back."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
 
 
 class TextTokenizer:
@@ -23,6 +43,7 @@ class TextTokenizer:
         self.eos_token = eos_token
         self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.add_bos = add_bos and self.bos_id is not None
+        self._added_ids = set(tokenizer.get_added_tokens_decoder())
 
     def encode(self, text: str) -> list[int]:
         ids = self.tok.encode(text, add_special_tokens=False).ids
@@ -34,15 +55,35 @@ class TextTokenizer:
     def token_id(self, token: str) -> int | None:
         return self.tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's own template (sandboxed jinja, as transformers does)."""
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for, even when they are not whole UTF-8 characters (a byte-level
+        BPE splits an emoji over several tokens): what an API's per-token logprobs report as `bytes`."""
+        piece = self.tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if isinstance(self.tok.decoder, decoders.ByteLevel) and token_id not in self._added_ids:
+            alphabet = _byte_level_alphabet()
+            if all(c in alphabet for c in piece):
+                return bytes(alphabet[c] for c in piece)
+        match = _BYTE_TOKEN.fullmatch(piece)  # sentencepiece byte fallback
+        if match:
+            return bytes([int(match.group(1), 16)])
+        return self.tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render messages with the model's own template (sandboxed jinja, as transformers does).
+
+        A message's `content` is a string or a list of text parts (`{"type": "text", "text": ...}`, the
+        OpenAI form); parts are joined with newlines before the template sees them, since templates of
+        text models read `content` as a string."""
         if not self.chat_template:
-            raise ValueError("messages: this model has no chat template; pass a plain prompt instead")
+            raise InvalidParam("messages: this model has no chat template; pass a plain prompt instead", "messages")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            messages=[_flat_message(m, i) for i, m in enumerate(messages)],
+            add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
         )
 
@@ -85,3 +126,21 @@ class TextTokenizer:
         eos = "<|im_end|>" if "<|im_end|>" in vocab else tok_name("tokenizer.ggml.eos_token_id")
         return cls(tok, chat_template=fields.get("tokenizer.chat_template"), bos_token=tok_name("tokenizer.ggml.bos_token_id"),
                    eos_token=eos, add_bos=False)
+
+
+def _flat_message(message: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise InvalidParam(f"{where}: must be an object with role and content", where)
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise InvalidParam(f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                                   "are supported", f"{where}.content[{j}]")
+            texts.append(part["text"])
+        return {**message, "content": "\n".join(texts)}
+    if not isinstance(content, str):
+        raise InvalidParam(f"{where}.content: must be a string or a list of text parts", f"{where}.content")
+    return message
