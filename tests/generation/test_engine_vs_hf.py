@@ -7,7 +7,7 @@ import random
 import pytest
 
 from generation import Engine, EngineConfig, SamplingParams
-from tests.generation.conftest import build_tiny_llama, hf_greedy
+from tests.generation.llama_builders import build_tiny_llama, hf_greedy
 
 NEW = 10
 

@@ -9,7 +9,7 @@ from generation import Engine, EngineConfig, LogitsProcessor, SamplingParams
 from generation.engine import GenerationOutput
 from generation.sampler import sample
 from generation.sequence import Sequence
-from tests.generation.conftest import hf_greedy
+from tests.generation.llama_builders import hf_greedy
 
 
 class Ban(LogitsProcessor):

@@ -8,7 +8,7 @@ import pytest
 
 from generation import Engine, EngineConfig, SamplingParams, Session
 from generation.engine import GenerationOutput
-from tests.generation.conftest import hf_greedy
+from tests.generation.llama_builders import hf_greedy
 
 
 @pytest.fixture(scope="module")
