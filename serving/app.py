@@ -4,7 +4,8 @@ The core is what every API shares: the request id and access line (`access_log`)
 the error shape (`errors`), the metrics registry (`metrics`), the OpenAPI document (`openapi`), and the
 routes that describe the whole server (`/health`, `/ready`, `/v1/models`, `/stats`, `/metrics`,
 `/openapi.json`). An API is an object with the members of `Api` below, built from its settings section
-in `build_apis`: the decision API now; the generation API and the co-deploy gateway will be siblings.
+in `build_apis`: the decision API and the generation API today; the co-deploy gateway will be a sibling.
+Each API's routes hold at most their budget of request threads (`threads`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ from typing import Protocol
 from flask import Blueprint, Flask, Response
 from prometheus_client import CollectorRegistry
 
-from serving import access_log, auth, errors, openapi
+from serving import access_log, auth, errors, openapi, threads
 from serving.config import ServeConfig
 from serving.errors import ApiError
 from serving.metrics import Metrics
 
 
 class Api(Protocol):
-    """What the app factory needs from an API (`serving.decide.routes.DecideApi` is one)."""
+    """What the app factory needs from an API (`serving.decide.routes.DecideApi` is one).
+
+    `name` is also its blueprint's name and picks its request-thread budget (`--<name>-threads`)."""
 
     name: str
     blueprint: Blueprint                                # its routes
@@ -55,10 +58,21 @@ class Api(Protocol):
 
 def build_apis(cfg: ServeConfig) -> list[Api]:
     """The APIs this server mounts. Cheap (no model loads), so `pagoda serve` calls it before gunicorn forks
-    to refuse a bad presets or policy file by name."""
-    from serving.decide.routes import DecideApi
+    to refuse a bad presets or policy file by name. Decisions unless `--generate-only`; generation unless
+    `--generate-model none` (or the default model cannot run in this install)."""
+    apis: list[Api] = []
+    if not cfg.generate.only:
+        from serving.decide.routes import DecideApi
 
-    return [DecideApi(cfg.decide, cfg.request_timeout_s)]
+        apis.append(DecideApi(cfg.decide, cfg.request_timeout_s))
+    model = cfg.generate.model_path()
+    if model is not False:
+        from serving.generate.routes import GenerateApi
+
+        apis.append(GenerateApi(cfg.generate, model))
+    if not apis:
+        raise ValueError(f"nothing to serve: {cfg.generate.where('only')} with {cfg.generate.where('model')} none")
+    return apis
 
 
 def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None) -> Flask:
@@ -76,6 +90,8 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
     app.extensions["pagoda.apis"] = apis
     access_log.install(app, metrics, {api.blueprint.name for api in apis}, cfg.access_log)
     auth.install(app, cfg.api_key)
+    budgets = cfg.thread_budgets([api.name for api in apis])
+    threads.install(app, {api.blueprint.name: budgets[api.name] for api in apis})
     errors.install(app, cfg.max_body_bytes, {p: d for api in apis for p, d in api.error_dialects.items()})
     document = openapi.document([api.openapi() for api in apis], cfg.max_body_bytes, bool(cfg.api_key))
 

@@ -3,6 +3,10 @@
 Every limit the server enforces is a field of `ServeConfig` or of an API's section, so an operator finds
 all of them in `pagoda serve --help` and an error names the flag and the variable that set a bad value
 (`serving.flags` generates both from the fields). An API adds its settings by adding a section here.
+
+The request threads are the core's, so their split between the APIs is too: a generation stream holds a
+thread for as long as it streams, and without a budget per API 64 slow streams would leave `/decide`
+nothing to run on (and a flood of decisions would queue streams behind it).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 
 from serving.decide.config import DecideConfig
 from serving.flags import Settings, option, section
+from serving.generate.config import GenerateConfig
 
 
 @dataclass
@@ -19,11 +24,31 @@ class ServeConfig(Settings):
     port: int = option(8000, "bind port (0 picks a free one)", minimum=0, maximum=65535)
     workers: int = option(1, "gunicorn worker processes; each holds its own models and model-worker threads",
                           minimum=1)
-    threads: int = option(64, "request threads per worker; concurrent requests beyond this queue in the kernel",
-                          minimum=1)
+    threads: int = option(128, "request threads per worker, shared by the APIs (see --decide-threads, "
+                               "--generate-threads); beyond them connections queue in the kernel", minimum=1)
+    decide_threads: int | None = option(None, "most request threads the decision routes hold at once; past it "
+                                              "503 (default: all of --threads, or half when generation is on)",
+                                        minimum=1)
+    generate_threads: int | None = option(None, "most request threads the generation routes hold at once, "
+                                                "one per open stream; past it 503 (default: all of --threads, "
+                                                "or half when decisions are on)", minimum=1)
     api_key: str | None = option(None, "require `Authorization: Bearer <key>` (environment only)", env_only=True)
     request_timeout_s: float = option(30.0, "deadline per request; past it the request gets 504", positive=True)
     max_body_bytes: int = option(1 << 20, "largest request body; past it 413", minimum=1)
     graceful_timeout_s: float = option(30.0, "on SIGTERM, how long in-flight requests get to finish", minimum=0)
     access_log: bool = option(True, "one JSON line per request on stderr")
     decide: DecideConfig = section(DecideConfig)
+    generate: GenerateConfig = section(GenerateConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("decide_threads", "generate_threads"):
+            value = getattr(self, name)
+            if value is not None and value > self.threads:
+                raise ValueError(f"{self.where(name)} ({value}) must be at most {self.where('threads')} "
+                                 f"({self.threads})")
+
+    def thread_budgets(self, apis: list[str]) -> dict[str, int]:
+        """Request threads each mounted API may hold: its flag, else an even share of `threads`."""
+        share = max(1, self.threads // max(1, len(apis)))
+        return {name: getattr(self, f"{name}_threads", None) or share for name in apis}

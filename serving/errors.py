@@ -12,6 +12,7 @@ OpenAI-compatible API will want its `param`), keyed by URL prefix so even a 405 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,11 +48,23 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+def parse_json(data: bytes) -> Any:
+    """A request body as JSON, or the 400 every API answers for one that is not."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+
+
+def error_body(message: str, type_: str, field: str | None, request_id: str | None) -> dict[str, Any]:
+    """The shape, for errors that cannot be a response of their own (an error event inside a stream)."""
+    return {"error": {"message": message, "type": type_, "field": field}, "request_id": request_id}
+
+
 def install(app: Flask, max_body_bytes: int, dialects: Mapping[str, Dialect]) -> None:
     def respond(status: int, message: str, type_: str, field: str | None = None,
                 headers: dict | None = None) -> tuple[dict, int, dict]:
-        body: dict[str, Any] = {"error": {"message": message, "type": type_, "field": field},
-                                "request_id": g.get("request_id")}
+        body = error_body(message, type_, field, g.get("request_id"))
         for prefix, dialect in dialects.items():
             if request.path.startswith(prefix):
                 body = dialect(body)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from serving_support import API_KEY, REPO, TINY_BERT, ServerProcess
+from serving_support import API_KEY, GEN_ENGINE_FLAGS, REPO, TINY_BERT, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +52,49 @@ def server(servers, agent):
 @pytest.fixture
 def guarded(servers, agent):
     return servers["guarded"].running(headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+# ---- the generation API -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    from tests.generation.llama_builders import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def gen_servers(tmp_path_factory, tiny_llama):
+    """Two servers on the tiny Llama: `both` (decisions and generation, roomy limits) and `tight`
+    (generation only, with small limits to hit: 1 waiting request, 3 request threads, 2 s deadline)."""
+    logs = tmp_path_factory.mktemp("gen-logs")
+    llm = ["--generate-model", str(tiny_llama), "--generate-name", "tiny-llama", *GEN_ENGINE_FLAGS]
+    procs = {
+        "both": ServerProcess(logs / "both.log", ["--model", str(TINY_BERT), *llm, "--generate-max-new-tokens", "512",
+                                                  "--generate-threads", "48", "--threads", "96"]),
+        "tight": ServerProcess(logs / "tight.log", [*llm, "--generate-only", "--generate-max-waiting", "1",
+                                                    "--generate-threads", "3", "--generate-deadline-s", "2",
+                                                    "--generate-max-prompt-tokens", "40", "--generate-max-n", "2",
+                                                    "--generate-max-new-tokens", "64"]),
+    }
+    yield procs
+    for proc in procs.values():
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def gen_engine(tiny_llama):
+    """The same model in-process, with the server's block size: the reference served answers must equal."""
+    from generation import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=512))
+
+
+@pytest.fixture
+def gen(gen_servers):
+    return gen_servers["both"].running()
+
+
+@pytest.fixture
+def tight(gen_servers):
+    return gen_servers["tight"].running()

@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_BERT = REPO / "tests/fixtures/laya/bert-tiny"
 BILLING_STATE = "Hi, we were billed twice for March. Please refund the duplicate today or we will cancel our plan."
 API_KEY = "s3cret-test-key"
+# The generation servers' engine: small blocks and pool, so prefix reuse and eviction show on short prompts.
+GEN_ENGINE_FLAGS = ["--generate-block-size", "4", "--generate-num-blocks", "512", "--generate-torch-threads", "1"]
 
 
 def heavy_questions(n: int = 40) -> dict:
@@ -40,8 +42,10 @@ class ServerProcess:
         self.flags = flags
         self.log_path = log_path
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PAGODA_")}
+        # Decision servers leave the LLM off (`--generate-model` flags win over this): loading it is the
+        # generation tests' business, and the decision tests must not wait for it.
         self.env.update({"HF_HUB_OFFLINE": "1", "PAGODA_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
-                         "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+                         "TOKENIZERS_PARALLELISM": "false", "PAGODA_GENERATE_MODEL": "none", **(env or {})})
         self.proc: subprocess.Popen | None = None
         self._ready = False
         self.start()

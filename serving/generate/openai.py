@@ -1,0 +1,202 @@
+"""OpenAI's wire shapes: chat completions, completions, their SSE streams, logprobs, and the error dialect.
+
+What the SDK reads is what is written: `chat.completion` / `chat.completion.chunk` / `text_completion`
+objects, `usage` with `prompt_tokens_details.cached_tokens`, streams ending with `data: [DONE]` (a usage
+chunk before it with `stream_options.include_usage`), and errors as `{"error": {"message", "type",
+"param", "code"}}`. A choice the engine cut short (deadline, error, shutdown) has no OpenAI finish reason:
+outside a stream it fails the request (504/500/503); inside one it becomes an error event before
+`[DONE]`, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+from serving.errors import ApiError, error_body
+from serving.generate.service import Run, Service
+from serving.generate.streaming import DONE, sse
+
+SERVER_SIDE = {"overloaded", "not_ready", "timeout", "model_error", "internal_error", "aborted",
+               "insufficient_storage"}
+
+
+def error_dialect(body: dict) -> dict:
+    """The core's error body in OpenAI's shape: our `type` becomes `code`, our `field` becomes `param`."""
+    err = body["error"]
+    if err["type"] == "unauthorized":
+        kind = "authentication_error"
+    else:
+        kind = "server_error" if err["type"] in SERVER_SIDE else "invalid_request_error"
+    return {"error": {"message": err["message"], "type": kind, "param": err["field"], "code": err["type"]}}
+
+
+def failure(out: Any) -> ApiError | None:
+    """Why a choice has no answer, as the error the request gets; None for a normal end."""
+    if out.finish_reason in ("stop", "length"):
+        return None
+    if out.finish_reason == "deadline":
+        return ApiError(504, "the generation passed its deadline (--generate-deadline-s)", "timeout")
+    if out.finish_reason == "error":
+        return ApiError(500, f"the generation failed: {out.error}", "model_error")
+    return ApiError(503, "the generation was aborted (the server is shutting down)", "aborted",
+                    headers={"Retry-After": "1"})
+
+
+def raise_failures(outputs: list[Any]) -> None:
+    for out in outputs:
+        fail = failure(out)
+        if fail is not None:
+            raise fail
+
+
+def stream_error(exc: ApiError, request_id: str | None) -> str:
+    return sse(error_dialect(error_body(exc.message, exc.type, exc.field, request_id)))
+
+
+# ---- logprobs ------------------------------------------------------------------------------------------
+
+def _token(service: Service, token_id: int) -> tuple[str, list[int]]:
+    raw = service.token_bytes(token_id)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprob(service: Service, rec: dict) -> dict:
+    text, raw = _token(service, rec["token_id"])
+    top = []
+    for token_id, logprob in rec.get("top", []):
+        t, b = _token(service, token_id)
+        top.append({"token": t, "logprob": logprob, "bytes": b})
+    return {"token": text, "logprob": rec["logprob"], "bytes": raw, "top_logprobs": top}
+
+
+def legacy_logprobs(service: Service, scored: list[tuple[int, dict | None]], offset: int) -> dict:
+    """Completions' logprobs: parallel lists; `text_offset` is where each token starts in the choice's text."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token_id, rec in scored:
+        text = _token(service, token_id)[0]
+        out["tokens"].append(text)
+        out["token_logprobs"].append(None if rec is None else rec["logprob"])
+        out["top_logprobs"].append(None if rec is None or "top" not in rec else
+                                   {_token(service, t)[0]: lp for t, lp in rec["top"]})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def _head(kind: str, prefix: str, service: Service) -> dict:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": service.name}
+
+
+# ---- chat ----------------------------------------------------------------------------------------------
+
+def chat_completion(run: Run, service: Service) -> dict:
+    outputs = run.wait()
+    raise_failures(outputs)
+    want = run.req.logprobs is not None
+    choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
+                "logprobs": {"content": [chat_logprob(service, r) for r in out.logprobs]} if want else None,
+                "finish_reason": out.finish_reason} for i, out in enumerate(outputs)]
+    return {**_head("chat.completion", "chatcmpl", service), "choices": choices, "usage": run.usage()}
+
+
+def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
+    from generation.engine import TokenEvent
+
+    req = run.req
+    head = _head("chat.completion.chunk", "chatcmpl", service)
+    usage = {"usage": None} if req.include_usage else {}
+
+    def chunk(i: int, delta: dict, logprobs: dict | None = None, finish: str | None = None) -> str:
+        return sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                    **usage})
+
+    try:
+        for i in range(run.n_choices):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        with closing(run.events()) as events:
+            for i, ev in events:
+                if isinstance(ev, TokenEvent):
+                    lp = {"content": [chat_logprob(service, ev.logprob)]} if req.logprobs is not None and ev.logprob else None
+                    if ev.text or lp:
+                        yield chunk(i, {"content": ev.text}, lp)
+                    continue
+                fail = failure(ev)
+                if fail is not None:
+                    raise fail
+                yield chunk(i, {}, finish=ev.finish_reason)
+        if req.include_usage:
+            yield sse({**head, "choices": [], "usage": run.usage()})
+    except ApiError as exc:
+        yield stream_error(exc, request_id)
+    yield DONE
+
+
+# ---- completions ---------------------------------------------------------------------------------------
+
+def _prompt_text(run: Run, service: Service, i: int) -> str:
+    prompt = run.req.prompts[i]
+    return prompt if isinstance(prompt, str) else service.engine.tokenizer.decode(prompt)
+
+
+def _echo_scored(run: Run, i: int, out: Any) -> list[tuple[int, dict | None]]:
+    records = out.prompt_logprobs or [None] * len(run.prompt_ids[i])
+    return list(zip(run.prompt_ids[i], records))
+
+
+def completion(run: Run, service: Service) -> dict:
+    outputs = run.wait()
+    raise_failures(outputs)
+    req = run.req
+    choices = []
+    for b, out in enumerate(outputs):
+        i = b // req.n
+        echo = _prompt_text(run, service, i) if req.echo else ""
+        logprobs = None
+        if req.logprobs is not None:
+            scored = (_echo_scored(run, i, out) if req.echo else []) + [(r["token_id"], r) for r in out.logprobs]
+            logprobs = legacy_logprobs(service, scored, 0)
+        choices.append({"index": b, "text": echo + out.text, "logprobs": logprobs, "finish_reason": out.finish_reason})
+    return {**_head("text_completion", "cmpl", service), "choices": choices, "usage": run.usage()}
+
+
+def completion_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
+    from generation.engine import TokenEvent
+
+    req = run.req
+    head = _head("text_completion", "cmpl", service)
+    usage = {"usage": None} if req.include_usage else {}
+    offsets = [0] * run.n_choices
+
+    def chunk(b: int, text: str, logprobs: dict | None = None, finish: str | None = None) -> str:
+        return sse({**head, "choices": [{"index": b, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+                    **usage})
+
+    try:
+        if req.echo:  # (echo with logprobs is refused in a stream: the prompt's records come only at the end)
+            for b in range(run.n_choices):
+                text = _prompt_text(run, service, b // req.n)
+                offsets[b] = len(text)
+                yield chunk(b, text)
+        with closing(run.events()) as events:
+            for b, ev in events:
+                if isinstance(ev, TokenEvent):
+                    lp = None
+                    if req.logprobs is not None and ev.logprob:
+                        lp = legacy_logprobs(service, [(ev.token_id, ev.logprob)], offsets[b])
+                    offsets[b] += len(ev.text)
+                    if ev.text or lp:
+                        yield chunk(b, ev.text, lp)
+                    continue
+                fail = failure(ev)
+                if fail is not None:
+                    raise fail
+                yield chunk(b, "", finish=ev.finish_reason)
+        if req.include_usage:
+            yield sse({**head, "choices": [], "usage": run.usage()})
+    except ApiError as exc:
+        yield stream_error(exc, request_id)
+    yield DONE

@@ -1,0 +1,151 @@
+"""The generation API's part of `/openapi.json`: its routes and schemas, from the live limits.
+
+Request schemas are checked against `schema`'s field sets when built, so the document cannot drift from
+the parser. Answers are documented as far as clients rely on them (OpenAI's objects are OpenAI's; the
+test validates real responses against what is written here).
+"""
+
+from __future__ import annotations
+
+from serving.generate.config import GenerateConfig
+from serving.generate.schema import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    GENERATE_FIELDS,
+    PIN_FIELDS,
+    SGLANG_SAMPLING,
+)
+from serving.openapi import json_content, ref
+
+ERRORS = {"400": "invalid field (error.param / error.field names it), or malformed JSON",
+          "401": "missing or wrong bearer token", "404": "unknown model or pin", "405": "wrong method",
+          "413": "body over the size limit", "500": "the engine failed on this request",
+          "503": "model loading, queue full or request threads busy (Retry-After)", "504": "deadline passed",
+          "507": "the KV pool cannot hold the pin"}
+
+
+def _errors(schema: str, *codes: str) -> dict:
+    return {c: {"description": ERRORS[c], **json_content(ref(schema))} for c in codes}
+
+
+def _route(method: str, summary: str, response: dict, error: str, codes: tuple[str, ...], request: str | None = None,
+           stream: bool = False) -> dict:
+    content = dict(json_content(response)["content"])
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string", "description": "SSE events, then data: [DONE]"}}
+    op = {"summary": summary, "responses": {"200": {"description": "ok", "content": content},
+                                            **_errors(error, *codes)}}
+    if request:
+        op["requestBody"] = {"required": True, **json_content(ref(request))}
+    return {method: op}
+
+
+def _request(name: str, props: dict, fields: set[str], required: list[str]) -> dict:
+    if set(props) != set(fields):  # the document must not drift from the parser
+        raise RuntimeError(f"openapi: {name} documents {sorted(props)}, parses {sorted(fields)}")
+    return {"type": "object", "required": required, "properties": props,
+            "description": "any other field is refused with 400 unless it is null"}
+
+
+def openapi(cfg: GenerateConfig) -> dict:
+    num, integer, boolean, string = {"type": "number"}, {"type": "integer"}, {"type": "boolean"}, {"type": "string"}
+    stop = {"oneOf": [string, {"type": "array", "items": string, "maxItems": 16}]}
+    ids = {"type": "array", "items": integer}
+    constraint = {"type": "object", "description": "structured output (constrained decoding); 400 where the "
+                                                  "server has no grammar engine"}
+    sampling = {"temperature": num, "top_p": num, "seed": integer, "presence_penalty": num, "frequency_penalty": num,
+                "top_k": integer, "min_p": num, "repetition_penalty": num, "ignore_eos": boolean,
+                "skip_special_tokens": boolean, "stop": stop, "stop_token_ids": ids,
+                "n": {"type": "integer", "minimum": 1, "maximum": cfg.max_n}, "stream": boolean,
+                "stream_options": {"type": "object", "properties": {"include_usage": boolean}},
+                "model": string, "user": {"type": "string", "description": "accepted; has no effect"},
+                "response_format": constraint, "structured_outputs": constraint}
+    max_tokens = {"type": "integer", "minimum": 0, "maximum": cfg.max_new_tokens}
+    message = {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "content": {"oneOf": [string, {"type": "array", "items": {"type": "object", "properties": {
+            "type": {"enum": ["text"]}, "text": string}}}]}}}
+    prompt = {"oneOf": [string, {"type": "array", "items": {"oneOf": [string, integer, ids]},
+                                 "maxItems": cfg.max_prompts}]}
+    usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+             "properties": {"prompt_tokens": integer, "completion_tokens": integer, "total_tokens": integer,
+                            "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": integer}}}}
+    finish = {"enum": ["stop", "length"]}
+    sg_sampling = {k: {} for k in SGLANG_SAMPLING} | {"max_new_tokens": max_tokens, "temperature": num,
+                                                      "stop": stop, "stop_token_ids": ids}
+    schemas = {
+        "ChatCompletionRequest": _request("chat", {
+            **{k: v for k, v in sampling.items()}, "messages": {"type": "array", "minItems": 1, "items": message},
+            "max_tokens": max_tokens, "max_completion_tokens": max_tokens, "logprobs": boolean,
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}}, CHAT_FIELDS, ["messages"]),
+        "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+                           "properties": {"id": string, "object": {"enum": ["chat.completion"]}, "created": integer,
+                                          "model": string, "usage": usage, "choices": {"type": "array", "items": {
+                                              "type": "object", "required": ["index", "message", "finish_reason"],
+                                              "properties": {"index": integer, "finish_reason": finish,
+                                                             "message": {"type": "object", "properties": {
+                                                                 "role": {"enum": ["assistant"]}, "content": string}},
+                                                             "logprobs": {"type": ["object", "null"]}}}}}},
+        "CompletionRequest": _request("completions", {
+            **sampling, "prompt": prompt, "max_tokens": max_tokens, "echo": boolean,
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}}, COMPLETION_FIELDS, ["prompt"]),
+        "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+                       "properties": {"id": string, "object": {"enum": ["text_completion"]}, "created": integer,
+                                      "model": string, "usage": usage, "choices": {"type": "array", "items": {
+                                          "type": "object", "required": ["index", "text", "finish_reason"],
+                                          "properties": {"index": integer, "text": string, "finish_reason": finish,
+                                                         "logprobs": {"type": ["object", "null"]}}}}}},
+        "GenerateRequest": _request("generate", {
+            "text": {"oneOf": [string, {"type": "array", "items": string, "maxItems": cfg.max_prompts}]},
+            "input_ids": {"oneOf": [ids, {"type": "array", "items": ids, "maxItems": cfg.max_prompts}]},
+            "sampling_params": {"oneOf": [{"type": "object", "properties": sg_sampling},
+                                          {"type": "array", "items": {"type": "object"}}]},
+            "stream": boolean, "return_logprob": boolean, "logprob_start_len": {"type": "integer", "minimum": -1},
+            "top_logprobs_num": {"type": "integer", "minimum": 0, "maximum": 20},
+            "return_text_in_logprobs": boolean}, GENERATE_FIELDS, []),
+        "GenerateAnswer": {"type": "object", "required": ["text", "output_ids", "meta_info"], "properties": {
+            "text": string, "output_ids": ids, "meta_info": {"type": "object", "required": [
+                "id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"], "properties": {
+                "id": string, "finish_reason": {"type": ["object", "null"]}, "prompt_tokens": integer,
+                "completion_tokens": integer, "cached_tokens": integer, "e2e_latency": num,
+                "input_token_logprobs": {"type": "array"}, "output_token_logprobs": {"type": "array"}}}}},
+        "GenerateResponse": {"oneOf": [ref("GenerateAnswer"), {"type": "array", "items": ref("GenerateAnswer")}]},
+        "PinRequest": _request("pin", {"text": string, "messages": {"type": "array", "items": message},
+                                       "input_ids": ids}, PIN_FIELDS, []),
+        "Pin": {"type": "object", "required": ["id", "object", "tokens", "blocks"],
+                "properties": {"id": string, "object": {"enum": ["pin"]}, "tokens": integer, "blocks": integer}},
+        "PinList": {"type": "object", "required": ["object", "data"],
+                    "properties": {"object": {"enum": ["list"]}, "data": {"type": "array", "items": ref("Pin")}}},
+        "PinDeleted": {"type": "object", "required": ["id", "deleted"],
+                       "properties": {"id": string, "object": {"enum": ["pin"]}, "deleted": boolean}},
+        "ModelInfo": {"type": "object", "required": ["model_path", "tokenizer_path", "is_generation"],
+                      "properties": {"model_path": string, "tokenizer_path": string, "is_generation": boolean,
+                                     "served_model_name": string}},
+        "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["message", "type", "param", "code"],
+            "properties": {"message": string, "type": string, "param": {"type": ["string", "null"]},
+                           "code": {"type": ["string", "null"]}}}}},
+    }
+    v1 = ("400", "401", "404", "405", "413", "500", "503", "504")
+    sg = ("400", "401", "405", "413", "500", "503", "504")
+    paths = {
+        "/v1/chat/completions": _route("post", "OpenAI chat completion (stream: SSE chunks)", ref("ChatCompletion"),
+                                       "OpenAIError", v1, "ChatCompletionRequest", stream=True),
+        "/v1/completions": _route("post", "OpenAI completion (stream: SSE chunks)", ref("Completion"), "OpenAIError", v1,
+                                  "CompletionRequest", stream=True),
+        "/v1/pins": {**_route("post", "pin a prefix (text, messages or token ids): its KV stays resident; prompts "
+                                      "that extend it hit it fully", ref("Pin"), "OpenAIError",
+                              ("400", "401", "405", "413", "503", "504", "507"), "PinRequest"),
+                     **_route("get", "the pins, with their token and block counts", ref("PinList"), "OpenAIError",
+                              ("401", "503"))},
+        "/v1/pins/{pin_id}": _route("delete", "release a pin", ref("PinDeleted"), "OpenAIError", ("401", "404", "503")),
+        "/generate": _route("post", "SGLang native generation (a list for a batch or n > 1; stream: SSE)",
+                            ref("GenerateResponse"), "Error", sg, "GenerateRequest", stream=True),
+        "/get_model_info": _route("get", "SGLang model info", ref("ModelInfo"), "Error", ("401",)),
+        "/server_info": _route("get", "engine settings and live counters", ref("Object"), "Error", ("401", "503")),
+        "/flush_cache": _route("post", "drop the prefix cache's unused blocks (pins stay)", ref("Object"), "Error",
+                               ("401", "503")),
+        "/health_generate": _route("get", "200 once one token went through the engine", ref("Object"), "Error",
+                                   ("401", "503")),
+    }
+    return {"paths": paths, "schemas": schemas}

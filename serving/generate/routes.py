@@ -1,0 +1,154 @@
+"""`GenerateApi`: the generation API as the app factory mounts it, its routes and what it adds to the server.
+
+OpenAI (`/v1/chat/completions`, `/v1/completions`), SGLang's native routes (`/generate`,
+`/get_model_info`, `/server_info`, `/flush_cache`, `/health_generate`) and pins (`/v1/pins`). Views stay
+plain Flask: read the body, let `schema` check it, let `service` submit it, let a dialect write the answer
+or the stream. Errors on `/v1/*` take OpenAI's shape (`openai.error_dialect`); SGLang's routes keep the
+server's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, g, request
+from prometheus_client import CollectorRegistry
+
+from serving.errors import parse_json
+from serving.generate import openai, sglang
+from serving.generate.config import GenerateConfig
+from serving.generate.openapi import openapi
+from serving.generate.schema import chat_request, completion_request, generate_request, pin_request
+from serving.generate.service import Service
+from serving.generate.streaming import event_stream
+
+HEALTH_TIMEOUT_S = 20.0
+
+
+class GenerateApi:
+    name = "generate"
+
+    def __init__(self, cfg: GenerateConfig, model: str | None, engine: Any = None):
+        """`model`: a path, or None for the embedded default. `engine` injects a loaded `Engine` (tests)."""
+        self.cfg = cfg
+        self.model = model
+        self._engine = engine
+        self.service: Service | None = None
+        self.error_dialects = {prefix: openai.error_dialect for prefix in ("/v1/chat/", "/v1/completions", "/v1/pins",
+                                                                            "/v1/models")}
+        self.blueprint = Blueprint("generate", __name__)
+        for rule, view, methods in (
+            ("/v1/chat/completions", self.chat, ["POST"]), ("/v1/completions", self.completions, ["POST"]),
+            ("/v1/pins", self.create_pin, ["POST"]), ("/v1/pins", self.list_pins, ["GET"]),
+            ("/v1/pins/<pin_id>", self.delete_pin, ["DELETE"]),
+            ("/generate", self.generate, ["POST"]), ("/get_model_info", self.model_info, ["GET"]),
+            ("/server_info", self.server_info, ["GET"]), ("/flush_cache", self.flush_cache, ["POST"]),
+            ("/health_generate", self.health_generate, ["GET"]),
+        ):
+            self.blueprint.add_url_rule(rule, view_func=view, methods=methods, endpoint=f"{view.__name__}")
+
+    # What the app factory asks of every API.
+
+    def start(self, registry: CollectorRegistry) -> None:
+        self.service = Service(self.cfg, self.model, registry)
+        if self._engine is not None:
+            self.service.attach(self._engine)
+        else:
+            self.service.load_in_background()
+
+    @property
+    def loaded(self):
+        return self.service.loaded
+
+    @property
+    def error(self) -> str | None:
+        return self.service.error
+
+    def status(self) -> dict:
+        return {"generate_model": self.service.name}
+
+    def models(self) -> dict:
+        data = [] if not self.service.loaded.is_set() else [{
+            "id": self.service.name, "object": "model", "created": self.service.created, "owned_by": "pagoda",
+            "kind": "generation", "max_model_len": self.service.engine.max_model_len}]
+        return {"data": data}
+
+    def stats(self) -> dict:
+        return {"generation": {**(self.service.engine_stats() or {}), **self.service.metrics.stats()}}
+
+    def openapi(self) -> dict:
+        return openapi(self.cfg)
+
+    # OpenAI.
+
+    def chat(self) -> Any:
+        req = chat_request(self._body(), self.cfg)
+        run = self.service.start(req, g.t0)
+        if req.stream:
+            return event_stream(openai.chat_stream(run, self.service, g.request_id))
+        return openai.chat_completion(run, self.service)
+
+    def completions(self) -> Any:
+        req = completion_request(self._body(), self.cfg)
+        run = self.service.start(req, g.t0)
+        if req.stream:
+            return event_stream(openai.completion_stream(run, self.service, g.request_id))
+        return openai.completion(run, self.service)
+
+    # Pins.
+
+    def create_pin(self) -> dict:
+        kind, value = pin_request(self._body())
+        self.service.ready()
+        return self.service.pin(self.service.encode(value, kind, generation_prompt=False), g.t0)
+
+    def list_pins(self) -> dict:
+        return {"object": "list", "data": self.service.pins()}
+
+    def delete_pin(self, pin_id: str) -> dict:
+        self.service.unpin(pin_id)
+        return {"id": pin_id, "object": "pin", "deleted": True}
+
+    # SGLang.
+
+    def generate(self) -> Any:
+        req = generate_request(self._body(), self.cfg)
+        run = self.service.start(req, g.t0, lambda ids: sglang.prompt_logprobs_from(req, ids))
+        if req.stream:
+            return event_stream(sglang.generate_stream(run, self.service, g.request_id))
+        return sglang.generate(run, self.service)
+
+    def model_info(self) -> dict:
+        path = str(self.service.model) if self.service.model else self.service.name
+        return {"model_path": path, "tokenizer_path": path, "is_generation": True,
+                "served_model_name": self.service.name}
+
+    def server_info(self) -> dict:
+        loop = self.service.ready()
+        engine = self.service.engine
+        return {"version": _version(), "model_path": self.model_info()["model_path"],
+                "served_model_name": self.service.name, "max_total_num_tokens": engine.blocks.num_blocks * engine.config.block_size,
+                "max_model_len": engine.max_model_len, "engine": {k: getattr(engine.config, k) for k in (
+                    "cache_backend", "device", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                    "chunked_prefill", "scheduling")},
+                "internal_states": [loop.stats()]}
+
+    def flush_cache(self) -> dict:
+        return {"flushed_blocks": self.service.ready().flush_cache()}
+
+    def health_generate(self) -> dict:
+        self.service.health(HEALTH_TIMEOUT_S)
+        return {"status": "ok"}
+
+    def _body(self) -> Any:
+        return parse_json(request.get_data(cache=False))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pagoda")
+    except PackageNotFoundError:
+        return "0+unknown"
+

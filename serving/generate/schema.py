@@ -1,0 +1,381 @@
+"""Request bodies of the generation routes: shapes, JSON types, the server's caps, and fields not supported.
+
+Only what HTTP owes is checked here: the body is an object of the route's fields, each of the JSON type it
+must be, counts and sizes under the server's caps (`GenerateConfig`). A field the server does not support
+(`tools`, `logit_bias`, `suffix`, ...) is a 400 naming it, never silently dropped; the same field sent as
+`null` asks for nothing and passes. What a value *means* (`top_p` in (0, 1], a token id inside the
+vocabulary) is the engine's to check, once: the service builds `SamplingParams` and maps the engine's
+`InvalidParam.field` back to the body field through `Request.names`.
+
+Every error is `ApiError(400, ..., "invalid_request", field)`; on `/v1/*` the OpenAI dialect turns
+`field` into `param`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from serving.errors import ApiError
+from serving.generate.config import GenerateConfig
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOP = 16
+
+# OpenAI's names for the engine's sampling fields, shared by both OpenAI routes; vLLM's and SGLang's
+# extras ride along under the engine's own names (clients send them through `extra_body`).
+OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+                   "repetition_penalty", "ignore_eos", "skip_special_tokens")
+CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
+               "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
+               *OPENAI_SAMPLING}
+COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stop", "stream", "stream_options", "logprobs", "echo",
+                     "response_format", "structured_outputs", "stop_token_ids", "user", *OPENAI_SAMPLING}
+GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "logprob_start_len",
+                   "top_logprobs_num", "return_text_in_logprobs"}
+SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
+                   "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                   "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                   "sampling_seed", "regex", "json_schema", "ebnf"}
+PIN_FIELDS = {"text", "messages", "input_ids"}
+# Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
+HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False}
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
+OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
+
+
+def bad(where: str, message: str) -> ApiError:
+    return ApiError(400, f"{where}: {message}", "invalid_request", where)
+
+
+@dataclass
+class Constraint:
+    """A structured-output request, as the body gave it: `kind` is json_object, json_schema, regex, choice
+    or grammar; `spec` the schema, pattern, choices or grammar; `field` where it came from."""
+
+    kind: str
+    spec: Any
+    field: str
+
+
+@dataclass
+class Request:
+    """One generation request, whichever route it came in on. `prompts` are strings, token-id lists or
+    (chat) message lists; `where[i]` is the body field prompt i came from. `sampling[i]` holds prompt
+    i's `SamplingParams` arguments, `names` the body field of each of them."""
+
+    route: str
+    prompts: list[Any]
+    where: list[str]
+    sampling: list[dict[str, Any]]
+    names: dict[str, str]
+    n: int = 1
+    stream: bool = False
+    batch: bool = False  # the body gave a list of prompts: answer a list
+    model: str | None = None
+    constraint: Constraint | None = None
+    logprobs: int | None = None  # OpenAI: per-token logprobs with this many alternatives
+    echo: bool = False
+    include_usage: bool = False
+    return_logprob: bool = False  # SGLang
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    max_new_tokens_field: str = "max_tokens"
+
+
+class Fields:
+    """A JSON object being read: each getter checks one field's JSON type and names it on failure."""
+
+    def __init__(self, body: Any, allowed: set[str], prefix: str = "", what: str = "request body"):
+        if not isinstance(body, dict):
+            raise bad(prefix.rstrip(".") or "body", f"{what} must be a JSON object, got {type(body).__name__}")
+        for key, value in body.items():
+            if key not in allowed and value is not None:
+                raise bad(prefix + key, "not supported by this server")
+        self.body = body
+        self.prefix = prefix
+
+    def where(self, name: str) -> str:
+        return self.prefix + name
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def raw(self, name: str, default: Any = None) -> Any:
+        value = self.body.get(name)
+        return default if value is None else value
+
+    def number(self, name: str, default: float | None = None) -> float | None:
+        value = self.raw(name, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
+            raise bad(self.where(name), f"must be a number, got {value!r}")
+        return value
+
+    def integer(self, name: str, default: int | None = None, *, low: int | None = None,
+                high: int | None = None) -> int | None:
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad(self.where(name), f"must be an integer, got {value!r}")
+        if low is not None and value < low:
+            raise bad(self.where(name), f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise bad(self.where(name), f"must be at most {high}, got {value}")
+        return value
+
+    def boolean(self, name: str, default: bool = False) -> bool:
+        value = self.raw(name, default)
+        if not isinstance(value, bool):
+            raise bad(self.where(name), f"must be true or false, got {value!r}")
+        return value
+
+    def stop(self, name: str) -> list[str]:
+        value = self.raw(name, [])
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not all(isinstance(s, str) and s for s in values):
+            raise bad(self.where(name), "must be a non-empty string or a list of them")
+        if len(values) > MAX_STOP:
+            raise bad(self.where(name), f"at most {MAX_STOP} stop strings, got {len(values)}")
+        return values
+
+    def token_ids(self, name: str) -> list[int]:
+        value = self.raw(name, [])
+        if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            raise bad(self.where(name), "must be a list of token ids")
+        return value
+
+    def harmless(self, name: str) -> None:
+        """A field taken only at the value that asks for nothing (`HARMLESS`)."""
+        if self.has(name) and self.body[name] != HARMLESS[name]:
+            raise bad(self.where(name), f"only {HARMLESS[name]!r} is supported")
+
+
+def parse_max_tokens(f: Fields, names: tuple[str, ...], default: int, cfg: GenerateConfig, low: int) -> tuple[int, str]:
+    given = next((n for n in names if f.has(n)), None)
+    if given is None:
+        return min(default, cfg.max_new_tokens), names[0]
+    value = f.integer(given, low=low)
+    if value > cfg.max_new_tokens:
+        raise bad(f.where(given), f"at most {cfg.max_new_tokens} (--generate-max-new-tokens), got {value}")
+    return value, given
+
+
+def _openai_sampling(f: Fields, cfg: GenerateConfig) -> tuple[dict[str, Any], dict[str, str], int]:
+    kw: dict[str, Any] = {"temperature": f.number("temperature", 1.0)}  # OpenAI's default is sampling
+    for name in ("top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
+        if f.has(name):
+            kw[name] = f.number(name)
+    for name in ("seed", "top_k"):
+        if f.has(name):
+            kw[name] = f.integer(name)
+    for name in ("ignore_eos", "skip_special_tokens"):
+        if f.has(name):
+            kw[name] = f.boolean(name)
+    kw["stop"] = f.stop("stop")
+    kw["stop_token_ids"] = f.token_ids("stop_token_ids")
+    n = f.integer("n", 1, low=1, high=cfg.max_n)
+    names = {k: k for k in (*OPENAI_SAMPLING, "stop", "stop_token_ids")}
+    return kw, names, n
+
+
+def _stream_options(f: Fields) -> bool:
+    stream = f.boolean("stream")
+    if not f.has("stream_options"):
+        return False
+    if not stream:
+        raise bad("stream_options", "only allowed with stream: true")
+    opts = Fields(f.raw("stream_options"), {"include_usage"}, "stream_options.", "stream_options")
+    return opts.boolean("include_usage")
+
+
+def _openai_constraint(f: Fields) -> Constraint | None:
+    if f.has("response_format") and f.has("structured_outputs"):
+        raise bad("structured_outputs", "give either response_format or structured_outputs, not both")
+    if f.has("response_format"):
+        rf = Fields(f.raw("response_format"), {"type", "json_schema"}, "response_format.", "response_format")
+        kind = rf.raw("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return Constraint("json_object", None, "response_format")
+        if kind == "json_schema":
+            js = Fields(rf.raw("json_schema"), {"name", "schema", "strict", "description"}, "response_format.json_schema.",
+                        "response_format.json_schema")
+            if not isinstance(js.raw("schema"), dict):
+                raise bad("response_format.json_schema.schema", "must be a JSON schema object")
+            return Constraint("json_schema", js.raw("schema"), "response_format.json_schema.schema")
+        raise bad("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
+    if f.has("structured_outputs"):
+        so = Fields(f.raw("structured_outputs"), {"json", "regex", "choice", "grammar"}, "structured_outputs.",
+                    "structured_outputs")
+        given = [k for k in ("json", "regex", "choice", "grammar") if so.has(k)]
+        if len(given) != 1:
+            raise bad("structured_outputs", "give exactly one of json, regex, choice, grammar")
+        kind = {"json": "json_schema"}.get(given[0], given[0])
+        return Constraint(kind, so.raw(given[0]), f"structured_outputs.{given[0]}")
+    return None
+
+
+def chat_request(body: Any, cfg: GenerateConfig) -> Request:
+    f = Fields(body, CHAT_FIELDS)
+    messages = f.raw("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty list of messages")
+    turns = [_message(m, i) for i, m in enumerate(messages)]
+    kw, names, n = _openai_sampling(f, cfg)
+    kw["max_new_tokens"], names["max_new_tokens"] = parse_max_tokens(
+        f, ("max_completion_tokens", "max_tokens"), cfg.max_new_tokens, cfg, low=1)
+    logprobs = None
+    if f.boolean("logprobs"):
+        logprobs = f.integer("top_logprobs", 0, low=0, high=20)
+    elif f.has("top_logprobs"):
+        raise bad("top_logprobs", "needs logprobs: true")
+    kw["logprobs"], names["logprobs"] = logprobs, "top_logprobs" if f.has("top_logprobs") else "logprobs"
+    model = f.raw("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "must be a string")
+    return Request("chat", [turns], ["messages"], [kw], names, n=n, stream=f.boolean("stream"), model=model,
+                   constraint=_openai_constraint(f), logprobs=logprobs, include_usage=_stream_options(f),
+                   max_new_tokens_field=names["max_new_tokens"])
+
+
+def _message(message: Any, i: int) -> dict[str, Any]:
+    f = Fields(message, {"role", "content"}, f"messages[{i}].", "a message")
+    role = f.raw("role")
+    if role not in ROLES:
+        raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    content = f.raw("content")
+    if content is None:
+        raise bad(f"messages[{i}].content", "is required")
+    return {"role": ROLES[role], "content": content}  # text parts are the tokenizer's to check
+
+
+def completion_request(body: Any, cfg: GenerateConfig) -> Request:
+    f = Fields(body, COMPLETION_FIELDS)
+    if not f.has("prompt"):
+        raise bad("prompt", "is required: a string, a list of strings, token ids or lists of token ids")
+    prompts, where, batch = _prompt_list(f.raw("prompt"), "prompt", cfg)
+    kw, names, n = _openai_sampling(f, cfg)
+    kw["max_new_tokens"], names["max_new_tokens"] = parse_max_tokens(
+        f, ("max_tokens",), OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS, cfg, low=0)
+    logprobs = f.integer("logprobs", low=0, high=20)
+    echo = f.boolean("echo")
+    if echo and logprobs is not None and f.boolean("stream"):
+        raise bad("echo", "with logprobs is not supported in a stream (the prompt's logprobs come at its end)")
+    kw["logprobs"], names["logprobs"] = logprobs, "logprobs"
+    if echo and logprobs is not None:
+        kw["prompt_logprobs"], names["prompt_logprobs"] = logprobs, "logprobs"
+    model = f.raw("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "must be a string")
+    return Request("completions", prompts, where, [kw] * len(prompts), names, n=n, stream=f.boolean("stream"),
+                   batch=batch, model=model, constraint=_openai_constraint(f), logprobs=logprobs, echo=echo,
+                   include_usage=_stream_options(f), max_new_tokens_field=names["max_new_tokens"])
+
+
+def _prompt_list(value: Any, name: str, cfg: GenerateConfig) -> tuple[list[Any], list[str], bool]:
+    """A string or token ids (one prompt), or a list of strings or of token-id lists (a batch)."""
+    def ids(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if isinstance(value, str) or (ids(value) and value):
+        return [value], [name], False
+    if isinstance(value, list) and value and all(isinstance(v, str) or (ids(v) and v) for v in value):
+        if len(value) > cfg.max_prompts:
+            raise bad(name, f"at most {cfg.max_prompts} prompts (--generate-max-prompts), got {len(value)}")
+        return list(value), [f"{name}[{i}]" for i in range(len(value))], True
+    raise bad(name, "must be a string, a list of strings, token ids or a list of token-id lists (none empty)")
+
+
+def generate_request(body: Any, cfg: GenerateConfig) -> Request:
+    """SGLang's `/generate`: `text` or `input_ids`, one or a batch, with `sampling_params`."""
+    f = Fields(body, GENERATE_FIELDS)
+    if f.has("text") == f.has("input_ids"):
+        raise bad("text", "give exactly one of text or input_ids")
+    if f.has("text"):
+        text = f.raw("text")
+        if not (isinstance(text, str) or (isinstance(text, list) and text and all(isinstance(t, str) for t in text))):
+            raise bad("text", "must be a string or a non-empty list of strings")
+        prompts, where, batch = _prompt_list(text, "text", cfg)
+    else:
+        prompts, where, batch = _prompt_list(f.raw("input_ids"), "input_ids", cfg)
+    raw = f.raw("sampling_params", {})
+    per = raw if isinstance(raw, list) else [raw] * len(prompts)
+    if isinstance(raw, list) and len(raw) != len(prompts):
+        raise bad("sampling_params", f"a list needs one entry per prompt ({len(prompts)}), got {len(raw)}")
+    parsed = [_sglang_sampling(sp, "sampling_params" + (f"[{i}]." if isinstance(raw, list) else "."), cfg)
+              for i, sp in enumerate(per)]
+    ns = {p[2] for p in parsed}
+    if len(ns) != 1:
+        raise bad("sampling_params", "n must be the same for every prompt")
+    constraints = [p[3] for p in parsed if p[3] is not None]
+    if constraints and len(constraints) != len(parsed):
+        raise bad("sampling_params", "a constraint must be given for every prompt of a batch or none")
+    top = f.integer("top_logprobs_num", 0, low=0, high=20)
+    start = f.integer("logprob_start_len", -1, low=-1)
+    return_logprob = f.boolean("return_logprob")
+    names = {k: f"sampling_params.{v}" for k, v in parsed[0][1].items()}
+    sampling = [p[0] for p in parsed]
+    if return_logprob:
+        for kw in sampling:
+            kw["logprobs"] = top
+        names["logprobs"] = "top_logprobs_num"
+    return Request("generate", prompts, where, sampling, names, n=ns.pop(), stream=f.boolean("stream"),
+                   batch=batch, constraint=constraints[0] if constraints else None, return_logprob=return_logprob,
+                   logprob_start_len=start, top_logprobs_num=top,
+                   return_text_in_logprobs=f.boolean("return_text_in_logprobs"),
+                   max_new_tokens_field="sampling_params.max_new_tokens")
+
+
+def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, dict, int, Constraint | None]:
+    f = Fields(raw, SGLANG_SAMPLING, prefix, "sampling_params")
+    for name in ("min_new_tokens", "stop_regex", "spaces_between_special_tokens", "no_stop_trim"):
+        f.harmless(name)
+    kw: dict[str, Any] = {"temperature": f.number("temperature", 1.0)}  # SGLang's default is sampling
+    names = {"temperature": "temperature", "max_new_tokens": "max_new_tokens", "seed": "sampling_seed"}
+    for name in ("top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+        if f.has(name):
+            kw[name], names[name] = f.number(name), name
+    if f.has("top_k"):
+        top_k = f.integer("top_k")
+        kw["top_k"], names["top_k"] = (0 if top_k == -1 else top_k), "top_k"  # SGLang disables with -1
+    if f.has("sampling_seed"):
+        kw["seed"] = f.integer("sampling_seed")
+    for name in ("ignore_eos", "skip_special_tokens"):
+        if f.has(name):
+            kw[name], names[name] = f.boolean(name), name
+    kw["stop"], names["stop"] = f.stop("stop"), "stop"
+    kw["stop_token_ids"], names["stop_token_ids"] = f.token_ids("stop_token_ids"), "stop_token_ids"
+    default = min(SGLANG_DEFAULT_MAX_NEW_TOKENS, cfg.max_new_tokens)
+    kw["max_new_tokens"] = f.integer("max_new_tokens", default, low=0, high=cfg.max_new_tokens)
+    n = f.integer("n", 1, low=1, high=cfg.max_n)
+    given = [k for k in ("regex", "json_schema", "ebnf") if f.has(k)]
+    if len(given) > 1:
+        raise bad(prefix + given[1], f"give one constraint, not {' and '.join(given)}")
+    constraint = None
+    if given:
+        kind = {"ebnf": "grammar"}.get(given[0], given[0])
+        constraint = Constraint(kind, f.raw(given[0]), prefix + given[0])
+    return kw, names, n, constraint
+
+
+def pin_request(body: Any) -> tuple[str, Any]:
+    """`POST /v1/pins`: exactly one of `text`, `messages` (rendered without a generation prompt, so a chat
+    that continues them extends the pin) or `input_ids`. Returns (kind, value)."""
+    f = Fields(body, PIN_FIELDS)
+    given = [k for k in ("text", "messages", "input_ids") if f.has(k)]
+    if len(given) != 1:
+        raise bad("text", "give exactly one of text, messages or input_ids")
+    kind, value = given[0], f.raw(given[0])
+    if kind == "text" and (not isinstance(value, str) or not value):
+        raise bad("text", "must be a non-empty string")
+    if kind == "input_ids" and not (value and f.token_ids("input_ids")):
+        raise bad("input_ids", "must be a non-empty list of token ids")
+    if kind == "messages":
+        if not isinstance(value, list) or not value:
+            raise bad("messages", "must be a non-empty list of messages")
+        value = [_message(m, i) for i, m in enumerate(value)]
+    return kind, value

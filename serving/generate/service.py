@@ -1,0 +1,345 @@
+"""The LLM in a serving process: its lifecycle, and one request's path from body to engine events.
+
+The engine loads in a background thread (the process answers `/health` at once; `/ready` says 503 until
+the weights are in memory), then one `EngineLoop` owns it: every request thread submits to that loop and
+reads its own events, so requests from all clients share the engine's continuous batch and nothing
+serialises them behind a lock. `start` turns a parsed `Request` into token ids (chat template, pins),
+`SamplingParams` (the engine validates; its `InvalidParam` comes back as a 400 naming the body field) and
+one `submit_batch` of prompts x n choices; the `Run` it returns is what the dialects read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from generation.config import InvalidParam, SamplingParams
+from serving.errors import ApiError
+from serving.generate.config import GenerateConfig
+from serving.generate.metrics import GenerateMetrics
+from serving.generate.schema import Constraint, Request, bad
+
+log = logging.getLogger("pagoda.serve")
+CONSTRAINT_KINDS = {"json_object": "json_object", "json_schema": "json_schema", "regex": "regex",
+                    "choice": "choices", "grammar": "grammar"}
+DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
+
+
+def constraint_processor(constraint: Constraint, engine: Any, stop_token_ids: list[int]) -> Any:
+    """The one seam to constrained decoding (`generation.constraints`): a spec from the body -> a processor.
+
+    Where that module (or its grammar engine) is not installed the field is refused by name, never
+    ignored: a client that asked for JSON must not get free text that happens to be a 200."""
+    try:
+        from generation.constraints import processor_from_request
+    except ImportError:
+        raise bad(constraint.field, "constrained decoding is not supported by this server yet") from None
+    value = True if constraint.kind == "json_object" else constraint.spec
+    try:
+        return processor_from_request({CONSTRAINT_KINDS[constraint.kind]: value}, engine,
+                                      stop_token_ids=stop_token_ids)
+    except ImportError as exc:
+        raise bad(constraint.field, f"constrained decoding is not available in this install ({exc})") from None
+    except ValueError as exc:
+        raise bad(constraint.field, str(exc)) from None
+
+
+class Run:
+    """One request in flight: prompts x n choices in one engine batch (batch index = prompt * n + choice).
+
+    `events()` yields `(choice, event)` as the engine produces them and records the latencies the metrics
+    want; closing it early (a client gone) aborts every choice, so their blocks return to the pool."""
+
+    def __init__(self, service: Service, req: Request, batch: Any, prompt_ids: list[list[int]], t0: float,
+                 deadline: float):
+        self.service = service
+        self.req = req
+        self.batch = batch
+        self.prompt_ids = prompt_ids
+        self.t0 = t0
+        self.deadline = deadline
+        self.outputs: list[Any] = [None] * len(batch.handles)
+        self.first_token: float | None = None
+        self._last: dict[int, float] = {}
+        self._gaps: list[float] = []
+        self._done = False
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.outputs)
+
+    def events(self) -> Iterator[tuple[int, Any]]:
+        from generation.engine import GenerationOutput
+
+        left = self.n_choices
+        try:
+            while left:
+                try:
+                    event = self.batch.events.get(timeout=max(1.0, self.deadline + DRAIN_GRACE_S - time.monotonic()))
+                except queue.Empty:
+                    raise ApiError(504, "the engine did not answer in time", "timeout") from None
+                now = time.monotonic()
+                if isinstance(event, GenerationOutput):
+                    self.outputs[event.index] = event
+                    left -= 1
+                else:
+                    if self.first_token is None:
+                        self.first_token = now
+                    if event.index in self._last:
+                        self._gaps.append(now - self._last[event.index])
+                    self._last[event.index] = now
+                yield event.index, event
+            self._done = True
+        finally:
+            if not self._done:
+                self.batch.abort()
+            self._observe()
+
+    def wait(self) -> list[Any]:
+        """Every choice's GenerationOutput, in batch order."""
+        for _ in self.events():
+            pass
+        return self.outputs
+
+    def _observe(self) -> None:
+        outs = [o for o in self.outputs if o is not None]
+        reasons = [o.finish_reason for o in outs] + ["abort"] * (self.n_choices - len(outs))
+        ttft = None if self.first_token is None else self.first_token - self.t0
+        self.service.metrics.observe_request(self.req.route, reasons, sum(len(ids) for ids in self.prompt_ids),
+                                             self.cached_tokens(), sum(len(o.token_ids) for o in outs), ttft,
+                                             self._gaps, time.monotonic() - self.t0)
+
+    def cached_tokens(self) -> int:
+        """Prompt tokens the engine did not compute, a prompt counted once however many choices it has
+        (its least-cached choice)."""
+        n = self.req.n
+        groups = [[o for o in self.outputs[i:i + n] if o is not None] for i in range(0, self.n_choices, n)]
+        return sum(min(o.cached_tokens for o in group) for group in groups if group)
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage, with `prompt_tokens_details.cached_tokens`."""
+        prompt = sum(len(ids) for ids in self.prompt_ids)
+        completion = sum(len(o.token_ids) for o in self.outputs)
+        cached = self.cached_tokens()
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+class Service:
+    """The loaded engine and its loop, or why there is none yet; pins created over HTTP."""
+
+    def __init__(self, cfg: GenerateConfig, model: str | None, registry: Any):
+        self.cfg = cfg
+        self.model = model
+        self.engine: Any = None
+        self.loop: Any = None
+        self.error: str | None = None
+        self.loaded = threading.Event()
+        self.name = cfg.name or _model_name(model)
+        self.created = int(time.time())
+        self.metrics = GenerateMetrics(registry, self.engine_stats)
+        self._pins: dict[str, list[int]] = {}  # pin id -> its tokens, for finding the pin a prompt extends
+        self._pins_lock = threading.Lock()
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def load_in_background(self) -> None:
+        def load() -> None:
+            try:
+                started = time.monotonic()
+                self.attach(self._build_engine())
+                log.info("generation model %s ready in %.1fs", self.name, time.monotonic() - started)
+            except Exception as exc:  # noqa: BLE001 -- reported by /ready and the log, not a crash loop
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.exception("generation model failed to load")
+
+        threading.Thread(target=load, name="pagoda-llm-load", daemon=True).start()
+
+    def _build_engine(self) -> Any:
+        from generation.config import EngineConfig
+        from generation.engine import Engine
+
+        c = self.cfg
+        return Engine(EngineConfig(
+            model=self.model, cache_backend=c.cache_backend, device=c.device, dtype=c.dtype, block_size=c.block_size,
+            num_blocks=c.num_blocks, kv_cache_memory_mb=c.kv_cache_mb, max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens, chunked_prefill=c.chunked_prefill,
+            scheduling=c.scheduling, max_model_len=c.max_model_len))
+
+    def attach(self, engine: Any) -> None:
+        from generation.engine_loop import EngineLoop
+
+        self.engine = engine
+        self.loop = EngineLoop(engine, max_waiting=self.cfg.max_waiting, num_threads=self.cfg.torch_threads or None)
+        self.loaded.set()
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
+
+    def ready(self) -> Any:
+        if self.loop is None:
+            raise ApiError(503, self.error or "the generation model is still loading", "not_ready",
+                           headers={"Retry-After": "1"})
+        return self.loop
+
+    def engine_stats(self) -> dict | None:
+        return self.loop.stats() if self.loop is not None else None
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return min(self.cfg.max_prompt_tokens or self.engine.max_model_len, self.engine.max_model_len - 1)
+
+    # ---- one request ------------------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.name:
+            raise ApiError(404, f"model {model!r} is not served here; this server generates with {self.name!r}",
+                           "model_not_found", "model")
+
+    def encode(self, prompt: Any, where: str, generation_prompt: bool = True) -> list[int]:
+        """Token ids of a prompt: text, ids (checked against the vocabulary) or chat messages (rendered
+        with the model's template; `generation_prompt=False` for a prefix a later chat continues)."""
+        engine = self.engine
+        try:
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+                prompt = engine.apply_chat_template(prompt, add_generation_prompt=generation_prompt)
+            ids = engine.encode(prompt)
+        except InvalidParam as exc:
+            raise bad(exc.field if exc.field.startswith("messages") else where, str(exc)) from None
+        if len(ids) > self.max_prompt_tokens:
+            raise bad(where, f"{len(ids)} tokens, at most {self.max_prompt_tokens} (--generate-max-prompt-tokens)")
+        return ids
+
+    def params(self, req: Request, i: int) -> SamplingParams:
+        kw = dict(req.sampling[i])
+        if req.constraint is not None:
+            kw["logits_processors"] = [constraint_processor(req.constraint, self.engine, kw.get("stop_token_ids", []))]
+        try:
+            return SamplingParams(**kw)
+        except InvalidParam as exc:
+            name = req.names.get(exc.field, exc.field)
+            raise bad(name, str(exc)) from None
+
+    def start(self, req: Request, t0: float,
+              scoring: Callable[[list[list[int]]], list[int] | None] | None = None) -> Run:
+        """Submit every prompt x n choices at once (all or none). `scoring(prompt_ids)[i]`: score prompt
+        i's tokens from that index on (SGLang's `logprob_start_len`, as its dialect reads it)."""
+        loop = self.ready()
+        self.check_model(req.model)
+        prompt_ids = [self.encode(p, w) for p, w in zip(req.prompts, req.where)]
+        prompt_logprobs_from = scoring(prompt_ids) if scoring else None
+        prompts, params, pins = [], [], []
+        for i, ids in enumerate(prompt_ids):
+            base = self.params(req, i)
+            if prompt_logprobs_from is not None:
+                base = dataclasses.replace(base, prompt_logprobs=req.top_logprobs_num,
+                                           prompt_logprobs_start=prompt_logprobs_from[i])
+            pin, rest = self.pin_for(ids)
+            for choice in range(req.n):
+                sp = base if choice == 0 or base.seed is None else dataclasses.replace(base, seed=choice_seed(base.seed, choice))
+                prompts.append(rest)
+                params.append(sp)
+                pins.append(pin)
+        deadline = t0 + self.cfg.deadline_s
+        batch = self._submit(loop, prompts, params, pins, deadline, req)
+        return Run(self, req, batch, prompt_ids, t0, deadline)
+
+    def _submit(self, loop: Any, prompts: list, params: list, pins: list, deadline: float, req: Request) -> Any:
+        from generation.engine_loop import QueueFull
+
+        try:
+            return loop.submit_batch(prompts, params, pins=pins, deadline=deadline)
+        except QueueFull as exc:
+            raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
+        except InvalidParam as exc:
+            if exc.field == "pin" and any(pins):  # a pin released since we looked: go without it
+                full = [self._pins_tokens(p) + ids if p else ids for p, ids in zip(pins, prompts)]
+                return self._submit(loop, full, params, [None] * len(full), deadline, req)
+            raise bad(req.names.get(exc.field, req.where[0]), str(exc)) from None
+
+    # ---- pins -------------------------------------------------------------------------------------------
+
+    def pin_for(self, ids: list[int]) -> tuple[str | None, list[int]]:
+        """The longest HTTP pin the prompt extends, and the rest of the prompt after it."""
+        with self._pins_lock:
+            best = max(((pid, toks) for pid, toks in self._pins.items() if ids[:len(toks)] == toks),
+                       key=lambda item: len(item[1]), default=None)
+        if best is None:
+            return None, ids
+        return best[0], ids[len(best[1]):]
+
+    def _pins_tokens(self, pin: str) -> list[int]:
+        with self._pins_lock:
+            return self._pins.get(pin, [])
+
+    def health(self, timeout: float) -> None:
+        """One greedy token through the engine loop (SGLang's `/health_generate`): 503 if none comes."""
+        from generation.engine_loop import QueueFull
+
+        loop = self.ready()
+        try:
+            handle = loop.submit([0], SamplingParams(max_new_tokens=1, ignore_eos=True),
+                                 deadline=time.monotonic() + timeout)
+        except QueueFull as exc:
+            raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
+        if handle.result(timeout + DRAIN_GRACE_S).finish_reason != "length":
+            raise ApiError(503, f"the engine produced no token within {timeout:g}s", "unhealthy")
+
+    def pin(self, ids: list[int], t0: float) -> dict:
+        loop = self.ready()
+        from generation.engine_loop import QueueFull
+
+        try:
+            pin_id = loop.pin(ids, timeout=max(1.0, t0 + self.cfg.deadline_s - time.monotonic()))
+        except QueueFull as exc:
+            raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
+        except TimeoutError:
+            raise ApiError(504, "the pin was not computed within the deadline", "timeout") from None
+        except RuntimeError as exc:  # the pool cannot hold it
+            raise ApiError(507, f"could not pin: {exc}", "insufficient_storage") from None
+        with self._pins_lock:
+            self._pins[pin_id] = ids
+        return self.describe_pin(pin_id, loop.pins()[pin_id])
+
+    def pins(self) -> list[dict]:
+        held = self.ready().pins()
+        with self._pins_lock:
+            return [self.describe_pin(pid, held[pid]) for pid in self._pins if pid in held]
+
+    def unpin(self, pin_id: str) -> None:
+        with self._pins_lock:
+            known = self._pins.pop(pin_id, None)
+        if known is None:
+            raise ApiError(404, f"no pin {pin_id!r}", "not_found", "pin")
+        self.ready().unpin(pin_id)
+
+    @staticmethod
+    def describe_pin(pin_id: str, held: dict) -> dict:
+        return {"id": pin_id, "object": "pin", "tokens": held["tokens"], "blocks": held["blocks"]}
+
+    # ---- what the model is ------------------------------------------------------------------------------
+
+    def token_text(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.engine.tokenizer.token_bytes(token_id)
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of choice `choice` > 0 of a seeded request: n samples must differ, and reproducibly."""
+    return (seed + choice * 0x9E3779B97F4A7C15) % 2**63
+
+
+def _model_name(model: str | None) -> str:
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    path = Path(model)
+    return path.stem.split(".")[0] if path.suffix == ".gguf" else path.resolve().name

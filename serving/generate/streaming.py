@@ -1,0 +1,26 @@
+"""Server-sent events: the wire format both dialects stream in, and what ends a stream early.
+
+A stream is a plain WSGI iterable, so it holds its request thread until the last event, and the server
+closes it when the client goes away (the first write after the peer hung up fails). Closing the generator
+raises GeneratorExit at its `yield`; the run's event iterator is closed with it and aborts every choice,
+so a disconnected client's blocks go back to the pool within a token or two.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Response
+
+DONE = "data: [DONE]\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def event_stream(events: Iterator[str]) -> Response:
+    return Response(events, mimetype="text/event-stream", headers=HEADERS)

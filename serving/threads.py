@@ -1,0 +1,45 @@
+"""Request-thread budgets: how many of the worker's request threads each API may hold at once.
+
+A gthread worker has a fixed pool of request threads and a streamed response keeps its thread until the
+last byte, so one API could take all of them. Each API's routes take a slot before the view runs and give
+it back when the response is closed (after the last chunk of a stream, or when the client went away);
+with no slot free the request gets 503 at once, and the other API still has its own. Plain WSGI/Flask
+hooks only, so the budget holds under any threaded WSGI server.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from flask import Flask, Response, g, request
+
+from serving.errors import ApiError
+
+
+def install(app: Flask, budgets: Mapping[str, int]) -> None:
+    """`budgets`: blueprint name -> threads its routes may hold."""
+    slots = {name: threading.BoundedSemaphore(n) for name, n in budgets.items()}
+
+    @app.before_request
+    def take_slot() -> None:
+        slot = slots.get(request.blueprint or "")
+        if slot is None:
+            return
+        if not slot.acquire(blocking=False):
+            raise ApiError(503, f"server busy: all {budgets[request.blueprint]} request threads of the "
+                                f"{request.blueprint} API are in use", "overloaded", headers={"Retry-After": "1"})
+        g.thread_slot = slot
+
+    @app.after_request
+    def release_on_close(response: Response) -> Response:
+        slot = g.pop("thread_slot", None)
+        if slot is not None:
+            response.call_on_close(slot.release)
+        return response
+
+    @app.teardown_request
+    def release_if_unanswered(exc: BaseException | None) -> None:
+        slot = g.pop("thread_slot", None)  # after_request never ran (an error escaped it)
+        if slot is not None:
+            slot.release()

@@ -1,0 +1,159 @@
+"""The OpenAI routes through the `openai` SDK against a real `pagoda serve` (decisions and generation in one
+process): answers equal the engine's in-process ones, streams equal non-streams, n, stop, logprobs, seeds."""
+
+from __future__ import annotations
+
+import math
+
+import openai
+import pytest
+import requests
+
+from generation import SamplingParams
+
+CHAT = [{"role": "system", "content": "the quick brown fox"}, {"role": "user", "content": "a radix tree finds"}]
+
+
+@pytest.fixture
+def client(gen) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gen.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def engine_answer(gen_engine, prompt, **kw):
+    ids = gen_engine.tokenizer.encode(gen_engine.apply_chat_template(prompt)) if isinstance(prompt, list) and \
+        isinstance(prompt[0], dict) else prompt
+    (out,) = gen_engine.generate([ids], SamplingParams(**kw))
+    return ids, out
+
+
+def test_models_list_both_models(client):
+    ids = {m.id: m for m in client.models.list().data}
+    assert set(ids) == {"bert-tiny", "tiny-llama"}
+
+
+def test_chat_greedy_equals_the_engine_and_reports_usage(client, gen_engine):
+    ids, ref = engine_answer(gen_engine, CHAT, max_new_tokens=12, ignore_eos=True)
+    r = client.chat.completions.create(model="tiny-llama", messages=CHAT, max_tokens=12, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.model == "tiny-llama"
+    assert r.choices[0].message.content == ref.text and r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 12
+    again = client.chat.completions.create(model="tiny-llama", messages=CHAT, max_tokens=12, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert again.choices[0].message.content == ref.text
+    assert again.usage.prompt_tokens_details.cached_tokens >= 4 * ((len(ids) - 1) // 4)  # whole blocks hit
+
+
+def test_text_parts_equal_a_string(client):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}]
+    plain = [{"role": "user", "content": "hello\nworld"}]
+    a, b = (client.chat.completions.create(model="tiny-llama", messages=m, max_tokens=6, temperature=0)
+            for m in (parts, plain))
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+
+
+def test_chat_stream_equals_non_stream_and_ends_with_usage(client):
+    kw = dict(model="tiny-llama", messages=CHAT, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_raw_stream_is_sse_ending_with_done(gen):
+    r = requests.post(gen.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True},
+                      stream=True, timeout=60)
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    lines = [line for line in r.iter_lines(decode_unicode=True) if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+
+
+def test_n_choices_with_a_seed_are_reproducible_and_share_the_prompt(client):
+    kw = dict(model="tiny-llama", messages=CHAT, max_tokens=8, temperature=1.0, n=2, seed=11)
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert [c.index for c in a.choices] == [0, 1]
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    assert a.choices[0].message.content != a.choices[1].message.content  # two samples, not one copied
+    other = client.chat.completions.create(**{**kw, "seed": 12, "n": 1})
+    assert other.choices[0].message.content != a.choices[0].message.content
+    one = client.chat.completions.create(**{**kw, "n": 1})
+    assert a.usage.prompt_tokens == one.usage.prompt_tokens  # one prompt, counted once for its two choices
+    assert one.choices[0].message.content == a.choices[0].message.content  # choice 0 is the seed's own sample
+
+
+def test_n_streams_every_choice(client):
+    chunks = list(client.chat.completions.create(model="tiny-llama", messages=CHAT, max_tokens=5, n=2, seed=3,
+                                                 temperature=1.0, stream=True))
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+    full = client.chat.completions.create(model="tiny-llama", messages=CHAT, max_tokens=5, n=2, seed=3, temperature=1.0)
+    assert [texts[0], texts[1]] == [c.message.content for c in full.choices]
+
+
+def test_stop_strings_cut_streams_and_answers_alike(client, gen_engine):
+    _, free = engine_answer(gen_engine, CHAT, max_new_tokens=20, ignore_eos=True)
+    stop = free.text[6:9]
+    assert stop and free.text.find(stop) >= 1
+    kw = dict(model="tiny-llama", messages=CHAT, max_tokens=20, temperature=0, stop=["\u2603never", stop],
+              extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    assert full.choices[0].message.content == free.text[: free.text.find(stop)]
+    assert full.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
+                       if c.choices)
+    assert streamed == full.choices[0].message.content
+
+
+def test_chat_logprobs_are_the_engines(client, gen_engine):
+    ids, ref = engine_answer(gen_engine, CHAT, max_new_tokens=6, ignore_eos=True, logprobs=3)
+    r = client.chat.completions.create(model="tiny-llama", messages=CHAT, max_tokens=6, temperature=0, logprobs=True,
+                                       top_logprobs=3, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    for entry, rec in zip(content, ref.logprobs):
+        assert math.isclose(entry.logprob, rec["logprob"], abs_tol=1e-4)
+        assert bytes(entry.bytes) == gen_engine.tokenizer.token_bytes(rec["token_id"])
+        assert [math.isclose(t.logprob, lp, abs_tol=1e-4) for t, (_, lp) in zip(entry.top_logprobs, rec["top"])] == [True] * 3
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == r.choices[0].message.content
+
+
+def test_completions_batch_echo_and_logprobs(client, gen_engine):
+    prompts = ["the quick brown", [5, 6, 7, 8]]
+    r = client.completions.create(model="tiny-llama", prompt=prompts, max_tokens=4, temperature=0, echo=True,
+                                  logprobs=2, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    for choice, prompt in zip(r.choices, prompts):
+        ids = gen_engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        (ref,) = gen_engine.generate([ids], SamplingParams(max_new_tokens=4, ignore_eos=True, logprobs=2,
+                                                           prompt_logprobs=2))
+        echo = prompt if isinstance(prompt, str) else gen_engine.tokenizer.decode(prompt)
+        assert choice.text == echo + ref.text
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(ids) + 4 and lp.token_logprobs[0] is None
+        expected = [r_["logprob"] for r_ in ref.prompt_logprobs[1:]] + [r_["logprob"] for r_ in ref.logprobs]
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(lp.token_logprobs[1:], expected))
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert r.usage.prompt_tokens == len(gen_engine.tokenizer.encode(prompts[0])) + 4
+
+
+def test_completions_stream_with_echo(client):
+    kw = dict(model="tiny-llama", prompt="hello world", max_tokens=5, temperature=0, echo=True,
+              extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True) if c.choices)
+    assert streamed == full and full.startswith("hello world")
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_matter(client):
+    kw = dict(model="tiny-llama", prompt="numbers 0 1 2", max_tokens=10, temperature=1.0, top_p=0.9,
+              extra_body={"ignore_eos": True})
+    texts = [client.completions.create(**kw, seed=s).choices[0].text for s in (5, 5, 6)]
+    assert texts[0] == texts[1] and texts[0] != texts[2]
