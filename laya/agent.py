@@ -1,38 +1,34 @@
-"""The inference runtime: validate + tokenise (`prepare`), one padded forward (`forward`), decode (`finish`).
+"""The inference runtime: validate + tokenise (`prepare`), one forward over rows (`forward`), decode (`finish`).
 
 The split exists for serving's cross-request batcher: rows from many requests share one
 `forward`, and each request is finished on its own. `predict` is exactly
-`finish(p, forward(p.rows))`.
+`finish(p, forward(p.rows))`. The forward is an engine's (`laya.engine`): onnxruntime on CPU for
+exact and int8, torch for GPUs and bf16, chosen by `laya.precision.plan` at load. Whatever the
+engine, a row's result is bit-identical on repeat and whatever shares its forward.
 
-Determinism: a row's padded length is a function of its own length only (rounded up to
-`PAD_MULTIPLE`), and rows are grouped by that length, so what else shares a batch never changes
-the shapes a row is computed with. See `forward` for the one bound that remains.
+This module imports no torch: on the CPU engines a process decides without ever loading it.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
-import numpy as np
-import torch
-
 from laya import answers
-from laya.batching import collate
 from laya.calibration import Temperatures
-from laya.checkpoint import load_checkpoint
 from laya.config import LayaConfig
+from laya.engine import Engine, RowOutput
 from laya.errors import InputError
-from laya.modeling_laya import LayaModel
+from laya.layout import read_parts
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
+from laya.precision import Plan, plan
 from laya.questions import Question, parse_questions
 from laya.rows import Budgets, Row, build_rows, check_state, encode_head
 from laya.tokenizer import LayaTokenizer
 
-PAD_MULTIPLE = 16
-MAX_BATCH_TOKENS = 16384
+__all__ = ["Agent", "Prepared", "RowOutput", "load"]
 
 
 @dataclass
@@ -44,17 +40,9 @@ class Prepared:
     min_confidence: float | dict[str, float] | None = None
 
 
-@dataclass
-class RowOutput:
-    logits: np.ndarray          # float32 [k], slot order, untempered
-    act_probabilities: np.ndarray
-
-
 class Agent:
-    def __init__(self, model: LayaModel, tokenizer: LayaTokenizer, config: LayaConfig,
-                 device: str = "cpu", source: str | None = None):
-        self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
+    def __init__(self, engine: Engine, tokenizer: LayaTokenizer, config: LayaConfig, source: str | None = None):
+        self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.source = source
@@ -62,6 +50,23 @@ class Agent:
         # Questions repeat across requests far more than states do; their token ids do not depend
         # on the state or the budgets, so they are tokenised once per distinct question.
         self._encode_head = lru_cache(maxsize=4096)(lambda q: encode_head(tokenizer, q))
+
+    @property
+    def plan(self) -> Plan:
+        return self.engine.plan
+
+    @cached_property
+    def model(self):
+        """The torch `LayaModel` of this checkpoint (training, evaluation); the torch engine's own, else
+        loaded on first use, so the CPU engines never pay for it."""
+        own = getattr(self.engine, "model", None)
+        if own is not None:
+            return own
+        from laya.checkpoint import load_checkpoint
+
+        if self.source is None:
+            raise ValueError("this agent was built without a checkpoint folder; it has no torch model")
+        return load_checkpoint(self.source)[0]
 
     def budgets(self, max_len: int | None = None, head_max_len: int | None = None) -> Budgets:
         return Budgets(self.config.max_len if max_len is None else max_len,
@@ -79,31 +84,10 @@ class Agent:
         heads = [self._encode_head(q) for q in parsed]
         return Prepared(parsed, build_rows(self.tokenizer, state, parsed, budgets, heads), gate)
 
-    @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[RowOutput]:
-        """One output per row, in order; rows may come from any number of `Prepared`.
-
-        Rows are padded to a multiple of PAD_MULTIPLE of their own length and only rows of equal
-        padded length share a tensor, in chunks of at most MAX_BATCH_TOKENS; the small matmuls
-        after the last head layer's keys and values run per row (see `LayaModel.infer`). What
-        remains is the batch dimension of the large matmuls, whose per-row results do not depend
-        on it on CPU; `tests/laya/test_agent.py` checks bit-identity across batch compositions.
-        """
-        out: list[RowOutput | None] = [None] * len(rows)
-        groups: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            groups.setdefault(-(-r.n_tokens // PAD_MULTIPLE) * PAD_MULTIPLE, []).append(i)
-        for length, members in sorted(groups.items()):
-            step = max(1, MAX_BATCH_TOKENS // length)
-            for start in range(0, len(members), step):
-                chunk = members[start:start + step]
-                batch = collate([rows[i] for i in chunk], self.tokenizer.pad_token_id, length)
-                batch = {k: v.to(self.device) for k, v in batch.items()}
-                per_row = self.model.infer(batch["input_ids"], batch["attention_mask"], batch["qtype"],
-                                           batch["marker_pos"], [len(rows[i].markers) for i in chunk])
-                for i, (logits, act) in zip(chunk, per_row):
-                    out[i] = RowOutput(logits.float().cpu().numpy(), torch.softmax(act.float(), -1).cpu().numpy())
-        return out  # type: ignore[return-value]
+        """One output per row, in order; rows may come from any number of `Prepared`, and a row's
+        result never depends on which (`tests/laya/test_agent.py` checks it for every engine)."""
+        return self.engine.forward(rows)
 
     def finish(self, prepared: Prepared, outputs: list[RowOutput]) -> dict[str, Any]:
         result_answers = {}
@@ -147,12 +131,42 @@ class Agent:
         return results  # type: ignore[return-value]
 
 
-def load(path: str | os.PathLike | None = None, device: str = "cpu") -> Agent:
-    """An `Agent` for an official-layout checkpoint folder; `None` loads the embedded laya-mini."""
+def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: str | None = None,
+         threads: int | None = None) -> Agent:
+    """An `Agent` for an official-layout checkpoint folder; `None` loads the embedded laya-mini.
+
+    `precision`: exact (default), int8, bf16 or fast (see `laya.precision`); None reads
+    `$PAGODA_PRECISION`. `threads`: intra-op threads (default: `$OMP_NUM_THREADS`, else the runtime's).
+    """
     if path is None:
         path = default_model_dir()
         if not (path / "rl_agent_config.json").is_file():
             raise FileNotFoundError(f"the default model is not built at {path} (run `pagoda laya-mini build`, "
                                     f"or set ${DEFAULT_MODEL_ENV} to a built copy)")
-    model, tokenizer, config = load_checkpoint(str(path))
-    return Agent(model, tokenizer, config, device=device, source=str(path))
+    path = str(path)
+    config, encoder_config, tokenizer, weights_path = read_parts(path)
+    chosen = plan(precision, device)
+    return Agent(_engine(path, config, encoder_config, weights_path, chosen, threads), tokenizer, config, source=path)
+
+
+def _engine(path: str, config: LayaConfig, encoder_config: dict, weights_path: str, chosen: Plan,
+            threads: int | None) -> Engine:
+    """The engine for `chosen`. A checkpoint whose encoder the ONNX graph does not build runs exact on torch
+    (with a warning saying why); int8 has no such fallback and is refused."""
+    if chosen.backend == "onnxruntime":
+        from laya.onnx_engine import OnnxEngine
+        from laya.onnx_graph import Unsupported
+
+        try:
+            return OnnxEngine(encoder_config, config, weights_path, chosen, threads)
+        except Unsupported as exc:
+            if chosen.precision != "exact":
+                raise ValueError(f"precision {chosen.precision!r}: {exc} is not built by the onnxruntime "
+                                 "path; use precision 'exact'") from None
+            import warnings
+
+            warnings.warn(f"{path}: {exc}; running the torch model instead", RuntimeWarning, stacklevel=3)
+            chosen = Plan(chosen.requested, "exact", "torch", chosen.device, f"torch fallback: {exc}")
+    from laya.torch_engine import TorchEngine
+
+    return TorchEngine.load(path, chosen, threads)

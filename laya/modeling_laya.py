@@ -13,10 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from laya.config import LayaConfig
+from laya.engine import ACT_HIDDEN, HEAD_DIM, MAX_OPTIONS_FEATURE
 
 UNUSED_SLOT_LOGIT = -1e4
-ACT_HIDDEN = 256
-MAX_OPTIONS_FEATURE = 255.0
+MAX_SLOTS = 256            # >= the 255 options a question may have: the fixed width of the inference tail
+TAIL_ROWS = 64             # the inference tail's matmuls always see this many rows (padded)
 
 
 class LayaHead(nn.Module):
@@ -25,7 +26,7 @@ class LayaHead(nn.Module):
     def __init__(self, d: int, n_layers: int, dropout: float):
         super().__init__()
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, dropout, activation="relu",
+            nn.TransformerEncoderLayer(d, max(1, d // HEAD_DIM), 4 * d, dropout, activation="relu",
                                        batch_first=True, norm_first=True)
             for _ in range(n_layers))
 
@@ -100,9 +101,11 @@ class LayaModel(nn.Module):
 
         The last head layer is read only at [CLS] and the markers, so only its keys and values are
         computed at every position; its queries, output projection and feed-forward run for those
-        1 + k positions alone (~5% of the FLOPs of a ModernBERT-base checkpoint, ~12% of a
-        MiniLM one). Everything after the batched matmuls runs per row: small matmuls pick BLAS
-        kernels by row count, and a row's result must not depend on what shares its batch.
+        1 + k positions alone (~5% of the FLOPs of a ModernBERT-base checkpoint, ~12% of a MiniLM one).
+        What follows the batched encoder must not let a row's bits depend on its batch mates, yet should
+        batch: the selected positions of all rows go through the small matmuls together, in chunks
+        padded to exactly TAIL_ROWS rows (a BLAS picks its kernel by shape, so the shape never changes),
+        the option softmax runs over a fixed MAX_SLOTS width, and attention runs per row over its own keys.
         """
         pad = ~attention_mask.bool()
         h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -110,6 +113,11 @@ class LayaModel(nn.Module):
         layers = list(self.head.layers) if self.head is not None else []
         for layer in layers[:-1]:
             h = layer(h, src_key_padding_mask=pad)
+        counts = torch.tensor([1 + k for k in n_markers], device=h.device)
+        rows = torch.arange(len(n_markers), device=h.device).repeat_interleave(counts)
+        cols = torch.cat([torch.cat([marker_pos.new_zeros(1), marker_pos[j, :k]])
+                          for j, k in enumerate(n_markers)])
+        picked = h[rows, cols]
         if layers:
             last = layers[-1]
             attn = last.self_attn
@@ -118,18 +126,41 @@ class LayaModel(nn.Module):
             b_q, b_k, b_v = attn.in_proj_bias.chunk(3)
             keys = F.linear(x, w_k, b_k).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)
             values = F.linear(x, w_v, b_v).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)
-        out = []
+            q = _fixed_rows(lambda t: F.linear(t, w_q, b_q), x[rows, cols]).unflatten(-1, (attn.num_heads, -1))
+            parts, start = [], 0
+            for j, k in enumerate(n_markers):
+                qj = q[start:start + 1 + k].transpose(0, 1)
+                a = F.scaled_dot_product_attention(qj, keys[j], values[j], attn_mask=~pad[j][None, None, :])
+                parts.append(a.transpose(0, 1).flatten(-2))
+                start += 1 + k
+            picked = picked + _fixed_rows(attn.out_proj, torch.cat(parts))
+            picked = picked + _fixed_rows(lambda t: last.linear2(last.activation(last.linear1(last.norm2(t)))), picked)
+        is_cls = torch.zeros(len(rows), dtype=torch.bool, device=h.device)
+        is_cls[torch.cumsum(counts, 0) - counts] = True
+        scores = _fixed_rows(self.scorer, picked[~is_cls]).squeeze(-1).float()
+        slots = torch.full((len(n_markers), MAX_SLOTS), UNUSED_SLOT_LOGIT, device=h.device)
+        mask = torch.zeros((len(n_markers), MAX_SLOTS), dtype=torch.bool, device=h.device)
+        start = 0
         for j, k in enumerate(n_markers):
-            pos = torch.cat([marker_pos.new_zeros(1), marker_pos[j, :k]])
-            hj = h[j, pos]
-            if layers:
-                q = F.linear(x[j, pos], w_q, b_q).unflatten(-1, (attn.num_heads, -1)).transpose(0, 1)
-                a = F.scaled_dot_product_attention(q, keys[j], values[j], attn_mask=~pad[j][None, None, :])
-                hj = hj + attn.out_proj(a.transpose(0, 1).flatten(-2))
-                hj = hj + last.linear2(last.activation(last.linear1(last.norm2(hj))))
-            logits, act = self.decide(hj[None, 1:], hj[None, 0], torch.ones(1, k, dtype=torch.bool, device=h.device))
-            out.append((logits[0], act[0]))
-        return out
+            slots[j, :k] = scores[start:start + k]
+            mask[j, :k] = True
+            start += k
+        features = _fixed_rows(lambda t: act_features(t[:, :MAX_SLOTS], t[:, MAX_SLOTS:].bool()),
+                               torch.cat([slots, mask.float()], -1))
+        act = _fixed_rows(self.act_head, torch.cat([picked[is_cls].float(), features], -1))
+        return [(slots[j, :k], act[j]) for j, k in enumerate(n_markers)]
+
+
+def _fixed_rows(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn over the rows of x in chunks of exactly TAIL_ROWS rows (zero-padded), so every call has one shape."""
+    out = []
+    for start in range(0, x.size(0), TAIL_ROWS):
+        chunk = x[start:start + TAIL_ROWS]
+        n = chunk.size(0)
+        if n < TAIL_ROWS:
+            chunk = torch.cat([chunk, chunk.new_zeros((TAIL_ROWS - n, *chunk.shape[1:]))])
+        out.append(fn(chunk)[:n])
+    return torch.cat(out)
 
 
 def act_features(logits: torch.Tensor, marker_mask: torch.Tensor) -> torch.Tensor:

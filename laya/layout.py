@@ -1,0 +1,63 @@
+"""The official checkpoint folder layout, read without torch.
+
+```
+rl_agent_config.json        LayaConfig
+model.safetensors           all weights, F16 (as released) or F32; computed in fp32
+encoder/config.json         transformers encoder config (ModernBERT or BERT family)
+tokenizer/tokenizer.json    + tokenizer/tokenizer_config.json
+```
+
+The CPU engines load from here alone; `laya.checkpoint` adds the torch module's load and save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from laya.config import LayaConfig
+from laya.tokenizer import LayaTokenizer
+
+CONFIG_FILE = "rl_agent_config.json"
+WEIGHTS_FILE = "model.safetensors"
+ENCODER_CONFIG = os.path.join("encoder", "config.json")
+
+
+def require(path: str, name: str) -> str:
+    full = os.path.join(path, name)
+    if not os.path.isfile(full):
+        raise FileNotFoundError(f"checkpoint {path} is missing {name} (looked for {full})")
+    return full
+
+
+def read_parts(path: str) -> tuple[LayaConfig, dict[str, Any], LayaTokenizer, str]:
+    """(config, encoder config as JSON, tokenizer, weights file) of a checkpoint folder, every file checked."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint folder not found: {path}")
+    with open(require(path, CONFIG_FILE), encoding="utf-8") as f:
+        config = LayaConfig.from_dict(json.load(f))
+    weights_path = require(path, WEIGHTS_FILE)
+    with open(require(path, ENCODER_CONFIG), encoding="utf-8") as f:
+        encoder_config = json.load(f)
+    tokenizer = LayaTokenizer.from_dir(os.path.join(path, "tokenizer"))
+    return config, encoder_config, tokenizer, weights_path
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], source: str) -> None:
+    """Name what does not fit instead of letting a loader print a wall of keys."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = [k for k in expected if k in found and tuple(found[k]) != tuple(expected[k])]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensors (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected tensors (e.g. {', '.join(unexpected[:3])})")
+        if wrong:
+            k = wrong[0]
+            parts.append(f"{len(wrong)} shape mismatches (e.g. {k}: checkpoint {tuple(found[k])}, "
+                         f"model {tuple(expected[k])})")
+        raise ValueError(f"{source} does not match encoder/config.json and rl_agent_config.json: "
+                         + "; ".join(parts))
