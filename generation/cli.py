@@ -42,6 +42,16 @@ def register(commands, bench) -> None:
     b.add_argument("--plot", default=None, help="write a PNG bar chart of the ratios to this path")
     b.set_defaults(func=_bench)
 
+    c = bench.add_parser("constraints", help="grammar engines on SmolLM2's vocabulary; constrained vs free decoding")
+    c.add_argument("--model", default=None, help="HF folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    c.add_argument("--part", default="all", choices=["engines", "decode", "all"])
+    c.add_argument("--engines", default="xgrammar,llguidance,outlines-core", help="candidates to compare (installed ones)")
+    c.add_argument("--steps", type=int, default=200, help="mask steps per schema at batch 1 (a quarter at batch 32)")
+    c.add_argument("--new-tokens", type=int, default=32)
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--json", default=None, help="also write the results to this file")
+    c.set_defaults(func=_bench_constraints)
+
 
 def _generate(args: argparse.Namespace) -> int:
     from generation.config import EngineConfig, SamplingParams
@@ -86,4 +96,21 @@ def _bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot(results, args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _bench_constraints(args: argparse.Namespace) -> int:
+    import json
+
+    from generation.bench_constraints import compare_engines, run_decode
+
+    results = {}
+    if args.part in ("engines", "all"):
+        results["engines"] = compare_engines(args.engines.split(","), steps=args.steps, threads=args.threads,
+                                             model=args.model)
+    if args.part in ("decode", "all"):
+        results["decode"] = run_decode(args.model, new_tokens=args.new_tokens, threads=args.threads)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
     return 0

@@ -1,0 +1,350 @@
+"""Constrained decoding: a JSON schema, any JSON object, a regex, a list of choices or a grammar -> a logits processor.
+
+Built on llguidance (the comparison with xgrammar and outlines-core, and why, is in docs/generation.md,
+"Constrained decoding"). llguidance works on bytes with a token trie, so it masks SmolLM2's byte-level BPE
+vocabulary exactly: any tokenization of an allowed text is allowed, and control tokens never are, except the
+stop tokens once the grammar can end.
+
+The one entry point is `processor_from_request(spec, engine)`: it validates the spec (a bad schema, regex or
+grammar is a `ValueError` whose message starts with the spec's field, e.g. `json_schema.properties.tags:
+unsupported keyword 'uniqueItems'`), compiles it for the engine's tokenizer (cached), and returns the
+prototype processor to put in `SamplingParams.logits_processors`. Each sequence gets its own `fork()`,
+which holds one llguidance matcher; all constrained rows of a step get their masks from one parallel call
+into one bitmask, applied to the logits at once.
+
+What a constraint cannot promise: a request cut short by `max_new_tokens` (finish reason `length`), by a stop
+string or by an abort ends with a prefix of a valid output, not a valid output.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from generation.logits_processor import LogitsProcessor
+
+if TYPE_CHECKING:
+    import torch
+
+    from generation.engine import Engine
+    from generation.tokenizer import TextTokenizer
+
+KINDS = ("json_schema", "json_object", "regex", "choices", "grammar")
+WHITESPACE = ("compact", "flexible")
+
+# What llguidance enforces; a schema using any other keyword is refused (with its path) rather than half
+# obeyed. `uniqueItems`, `not`, `if`/`then`/`else`, `contains`, `propertyNames`, `dependentRequired`,
+# `unevaluated*` and OpenAPI's `nullable` are the ones clients send most that fall outside.
+SCHEMA_KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "patternProperties", "minProperties",
+    "maxProperties", "enum", "const", "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength",
+    "pattern", "format", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+})
+# Annotations: they describe, they do not constrain, so ignoring them is obeying them.
+SCHEMA_ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
+    "writeOnly",
+})
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> subschema
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # [subschema, ...]
+_SCHEMA_ONE = ("items", "additionalProperties")  # a subschema (or a boolean)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A validated, tokenizer-free constraint; `text` is canonical (JSON for schemas and choices), so equal
+    constraints are equal keys of the compiled-grammar cache."""
+
+    kind: str
+    text: str
+    whitespace: str = "compact"
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> Constraint:
+        if not isinstance(spec, dict):
+            raise ValueError("constraint: must be an object with one of " + ", ".join(KINDS))
+        unknown = sorted(set(spec) - set(KINDS) - {"whitespace"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a constraint field (give one of {', '.join(KINDS)}, "
+                             "optionally with whitespace)")
+        given = [k for k in KINDS if k in spec]
+        if len(given) != 1:
+            raise ValueError(f"{given[1] if given else 'constraint'}: give exactly one of {', '.join(KINDS)}")
+        kind, value = given[0], spec[given[0]]
+        whitespace = spec.get("whitespace", "compact")
+        if whitespace not in WHITESPACE:
+            raise ValueError(f"whitespace: must be one of {WHITESPACE}, got {whitespace!r}")
+        if whitespace != "compact" and kind not in ("json_schema", "json_object"):
+            raise ValueError(f"whitespace: applies to json_schema and json_object, not {kind}")
+        if kind == "json_schema":
+            text = json.dumps(_schema(value), ensure_ascii=False, separators=(",", ":"))
+        elif kind == "json_object":
+            if value is not True:
+                raise ValueError("json_object: must be true (any JSON object)")
+            text = '{"type":"object"}'
+        elif kind == "choices":
+            ok = isinstance(value, list | tuple) and value and all(isinstance(c, str) for c in value)
+            if not ok:
+                raise ValueError("choices: must be a non-empty list of strings")
+            text = json.dumps(list(dict.fromkeys(value)), ensure_ascii=False)
+        else:
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{kind}: must be a non-empty string")
+            text = value
+        return cls(kind, text, whitespace)
+
+    def grammar(self) -> str:
+        """The llguidance grammar (tokenizer-free)."""
+        import llguidance
+
+        if self.kind in ("json_schema", "json_object"):
+            try:
+                return llguidance.LLMatcher.grammar_from_json_schema(
+                    self.text, defaults={"whitespace_flexible": self.whitespace == "flexible"})
+            except ValueError as exc:
+                raise ValueError(f"{self.kind}: {exc}") from None
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.text)
+        if self.kind == "choices":
+            return llguidance.grammar_from("choice", self.text)
+        try:  # Lark, or GBNF (llama.cpp / SGLang `ebnf`), which llguidance translates to Lark
+            return llguidance.grammar_from("grammar", self.text)
+        except ValueError as exc:
+            raise ValueError(f"grammar: {exc}") from None
+
+
+def _schema(value: Any) -> dict[str, Any]:
+    """Parse and check a JSON schema, naming the path of the first keyword that would not be enforced."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema: not valid JSON ({exc})") from None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("json_schema: must be a JSON object (a schema)")
+    _check_keywords(value, "json_schema")
+    return value
+
+
+def _check_keywords(schema: Any, path: str) -> None:
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path}: a schema must be an object or a boolean")
+    for key, sub in schema.items():
+        if key.startswith("x-"):
+            continue
+        if key not in SCHEMA_KEYWORDS and key not in SCHEMA_ANNOTATIONS:
+            raise ValueError(f"{path}: unsupported keyword {key!r} (it would not be enforced)")
+        if key in _SCHEMA_MAPS:
+            if not isinstance(sub, dict):
+                raise ValueError(f"{path}.{key}: must be an object of schemas")
+            for name, child in sub.items():
+                _check_keywords(child, f"{path}.{key}.{name}")
+        elif key in _SCHEMA_LISTS:
+            if not isinstance(sub, list):
+                raise ValueError(f"{path}.{key}: must be a list of schemas")
+            for i, child in enumerate(sub):
+                _check_keywords(child, f"{path}.{key}[{i}]")
+        elif key in _SCHEMA_ONE:
+            _check_keywords(sub, f"{path}.{key}")
+
+
+# ---- compiling, cached per tokenizer ----------------------------------------------------------------------
+
+
+class _Vocabulary:
+    """One engine vocabulary as llguidance sees it: the tokenizer, the logits width and the stop tokens."""
+
+    def __init__(self, tokenizer: TextTokenizer, size: int, eos_ids: tuple[int, ...]) -> None:
+        import llguidance
+
+        self.size = size
+        self.words = (size + 31) // 32
+        self.eos_ids = eos_ids
+        self.tokenizer = llguidance.LLTokenizer(tokenizer.tok.to_str(), n_vocab=size, eos_token=list(eos_ids))
+
+
+@dataclass
+class _Compiled:
+    """A compiled grammar: a matcher in its start state that is only ever copied, never advanced."""
+
+    constraint: Constraint
+    vocabulary: _Vocabulary
+    matcher: Any  # llguidance.LLMatcher
+    nbytes: int
+
+
+class GrammarCache:
+    """Compiled grammars keyed by (constraint, vocabulary), least recently used evicted first.
+
+    Bounded by entries and by bytes. llguidance does not report a matcher's memory, so the byte count is
+    that of the compiled grammar text (the lexer states it builds while masking grow with it); a schema
+    seen again skips compilation and reuses the lexer states its earlier requests built."""
+
+    def __init__(self, max_entries: int = 256, max_bytes: int = 64 << 20) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: OrderedDict[tuple[Constraint, _Vocabulary], _Compiled] = OrderedDict()
+        self._vocabularies: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], _Vocabulary]] = (
+            weakref.WeakKeyDictionary())
+        self._lock = threading.Lock()  # HTTP threads compile while the engine thread forks
+        self.nbytes = 0
+        self.hits = self.misses = 0
+
+    def vocabulary(self, tokenizer: TextTokenizer, size: int, eos_ids: tuple[int, ...]) -> _Vocabulary:
+        with self._lock:
+            per = self._vocabularies.setdefault(tokenizer, {})
+            if (size, eos_ids) not in per:
+                per[(size, eos_ids)] = _Vocabulary(tokenizer, size, eos_ids)
+            return per[(size, eos_ids)]
+
+    def compile(self, constraint: Constraint, vocabulary: _Vocabulary) -> _Compiled:
+        import llguidance
+
+        key = (constraint, vocabulary)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return self._entries[key]
+        grammar = constraint.grammar()
+        matcher = llguidance.LLMatcher(vocabulary.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"{constraint.kind}: {matcher.get_error().strip()}")
+        compiled = _Compiled(constraint, vocabulary, matcher, len(grammar))
+        with self._lock:
+            self.misses += 1
+            if key not in self._entries:
+                self._entries[key] = compiled
+                self.nbytes += compiled.nbytes
+            while len(self._entries) > self.max_entries or (self.nbytes > self.max_bytes and len(self._entries) > 1):
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= old.nbytes
+            return self._entries.get(key, compiled)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+CACHE = GrammarCache()
+
+
+def processor_from_request(spec: dict[str, Any], engine: Engine, *,
+                           stop_token_ids: Sequence[int] = ()) -> GrammarProcessor:
+    """The processor for one constraint spec on `engine`'s vocabulary; put it in `SamplingParams.logits_processors`.
+
+    `spec` has exactly one of `json_schema` (a schema, as an object or a JSON string), `json_object: true`
+    (any JSON object), `regex` (Rust regex syntax, matched against the whole output), `choices` (a list of
+    strings) or `grammar` (Lark or GBNF), and optionally `whitespace`: `compact` (default: no whitespace
+    between JSON tokens, so a weak model cannot wander) or `flexible`. `stop_token_ids` are the request's
+    own (`SamplingParams.stop_token_ids`): like EOS, they are allowed exactly when the grammar can end.
+    Raises `ValueError` whose message starts with the field at fault."""
+    constraint = Constraint.from_spec(spec)
+    vocabulary = CACHE.vocabulary(engine.tokenizer, engine.model_config.vocab_size, tuple(sorted(engine.eos_ids)))
+    extra_stops = tuple(sorted(set(stop_token_ids) - set(vocabulary.eos_ids)))
+    if any(not 0 <= t < vocabulary.size for t in extra_stops):
+        raise ValueError("stop_token_ids: outside the vocabulary")
+    return GrammarProcessor(CACHE.compile(constraint, vocabulary), extra_stops)
+
+
+# ---- the processor ----------------------------------------------------------------------------------------
+
+_EXECUTOR: Any = None
+
+
+def _executor():
+    """llguidance's thread pool, which computes the masks of all rows of a step in parallel."""
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        import llguidance
+        import torch
+
+        _EXECUTOR = llguidance.LLExecutor(num_threads=max(1, torch.get_num_threads()))
+    return _EXECUTOR
+
+
+class GrammarProcessor(LogitsProcessor):
+    """Masks a sequence's logits to the tokens its grammar allows next.
+
+    The object `processor_from_request` returns is a prototype; `fork()` gives each sequence its own
+    llguidance matcher. The matcher advances in `accept`; since the engine never takes a sampled token
+    back (preemption recomputes KV, it does not resample), its state stays valid across preemption. It
+    still checks, every step, that it has consumed exactly the sequence's output so far, and replays the
+    output into a fresh matcher if not."""
+
+    def __init__(self, compiled: _Compiled, extra_stops: tuple[int, ...] = (), matcher: Any = None) -> None:
+        self.compiled = compiled
+        self.extra_stops = extra_stops
+        self.matcher = matcher
+        self.consumed = 0
+        self.stopped = False  # one of `extra_stops` was sampled: the engine ends the request
+
+    @property
+    def constraint(self) -> Constraint:
+        return self.compiled.constraint
+
+    def fork(self) -> GrammarProcessor:
+        return GrammarProcessor(self.compiled, self.extra_stops, self.compiled.matcher.deep_copy())
+
+    def __call__(self, prompt_ids: Sequence[int], output_ids: Sequence[int], logits: torch.Tensor) -> None:
+        type(self).apply_batch([self], [prompt_ids], [output_ids], logits.unsqueeze(0), [0])
+
+    def accept(self, token_id: int) -> None:
+        if self.matcher is None:
+            raise RuntimeError("GrammarProcessor: accept on the prototype; the engine uses fork()")
+        self.consumed += 1
+        if token_id in self.extra_stops:
+            self.stopped = True
+        elif not self.matcher.consume_token(token_id):
+            raise ValueError(f"{self.constraint.kind}: token {token_id} rejected: {self.matcher.get_error()[:300]}")
+
+    def _sync(self, output_ids: Sequence[int]) -> None:
+        if self.matcher is None:
+            raise RuntimeError("GrammarProcessor: called on the prototype; the engine uses fork()")
+        if self.consumed == len(output_ids):
+            return
+        self.matcher = self.compiled.matcher.deep_copy()
+        tokens = [t for t in output_ids if t not in self.extra_stops]
+        if not self.matcher.consume_tokens(tokens):
+            raise ValueError(f"{self.constraint.kind}: output does not match: {self.matcher.get_error()[:300]}")
+        self.consumed = len(output_ids)
+
+    @classmethod
+    def apply_batch(cls, processors: list[LogitsProcessor], prompt_ids: list[Sequence[int]],
+                    output_ids: list[Sequence[int]], logits: torch.Tensor, rows: list[int]) -> None:
+        """One bitmask for all rows, filled by llguidance's pool in one call, applied with one masked fill."""
+        import numpy as np
+        import torch
+
+        procs: list[GrammarProcessor] = processors  # type: ignore[assignment]
+        for p, out in zip(procs, output_ids):
+            p._sync(out)
+        words = max(p.compiled.vocabulary.words for p in procs)
+        bitmask = torch.zeros((len(procs), words), dtype=torch.int32)
+        _executor().unsafe_compute_mask_ptr([(p.matcher, i) for i, p in enumerate(procs)], bitmask.data_ptr(),
+                                            words * 4, len(procs))
+        allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        for i, p in enumerate(procs):
+            if p.stopped:  # ended on one of its own stop tokens: nothing follows but the end
+                allowed[i] = 0
+                allowed[i, p.compiled.vocabulary.eos_ids[0]] = 1
+            elif p.extra_stops:  # the request's own stop tokens follow EOS: allowed exactly when it is
+                allowed[i, list(p.extra_stops)] = allowed[i, p.compiled.vocabulary.eos_ids[0]]
+        blocked = torch.from_numpy(allowed[:, : logits.shape[-1]] == 0)
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            logits[rows[0]: rows[0] + len(rows)].masked_fill_(blocked, float("-inf"))
+        else:
+            logits[rows] = logits[rows].masked_fill(blocked, float("-inf"))
