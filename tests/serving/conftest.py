@@ -66,16 +66,16 @@ def tiny_llama(tmp_path_factory):
 @pytest.fixture(scope="session")
 def gen_servers(tmp_path_factory, tiny_llama):
     """Two servers on the tiny Llama: `both` (decisions and generation, roomy limits) and `tight`
-    (generation only, with small limits to hit: 1 waiting request, 3 request threads, 2 s deadline)."""
+    (generation only, with small limits to hit: 1 waiting request, 2 request threads, 2 s deadline)."""
     logs = tmp_path_factory.mktemp("gen-logs")
     llm = ["--generate-model", str(tiny_llama), "--generate-name", "tiny-llama", *GEN_ENGINE_FLAGS]
     procs = {
         "both": ServerProcess(logs / "both.log", ["--model", str(TINY_BERT), *llm, "--generate-max-new-tokens", "512",
                                                   "--generate-threads", "48", "--threads", "96"]),
         "tight": ServerProcess(logs / "tight.log", [*llm, "--generate-only", "--generate-max-waiting", "1",
-                                                    "--generate-threads", "3", "--generate-deadline-s", "2",
+                                                    "--generate-threads", "2", "--generate-deadline-s", "2",
                                                     "--generate-max-prompt-tokens", "40", "--generate-max-n", "2",
-                                                    "--generate-max-new-tokens", "64"]),
+                                                    "--generate-max-new-tokens", "2000"]),
     }
     yield procs
     for proc in procs.values():

@@ -1,0 +1,156 @@
+"""Bad input of every kind gets a 4xx naming the field (OpenAI's shape on /v1/*, the server's own on SGLang's
+routes), limits answer 503/504 as documented, and the server stays up through all of it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import requests
+
+MSG = [{"role": "user", "content": "hello"}]
+LONG = "the quick brown fox jumps over the lazy dog " * 8  # over the tight server's 40 prompt tokens
+
+CHAT_CASES = [
+    ({"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": MSG, "logit_bias": {"5": 1}}, "logit_bias"),
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
+    ({"messages": MSG, "top_p": 0}, "top_p"),
+    ({"messages": MSG, "temperature": "hot"}, "temperature"),
+    ({"messages": MSG, "presence_penalty": 3}, "presence_penalty"),
+    ({"messages": MSG, "max_tokens": 2001}, "max_tokens"),
+    ({"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": MSG, "n": 3}, "n"),
+    ({"messages": MSG, "seed": 1.5}, "seed"),
+    ({"messages": MSG, "stop": ["ok", 3]}, "stop"),
+    ({"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": MSG, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "no"}}},
+     "response_format.json_schema.schema"),
+    ({"messages": [{"role": "user", "content": LONG}]}, "messages"),
+]
+COMPLETION_CASES = [
+    ({}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [10**6]}, "prompt"),
+    ({"prompt": ["fine", LONG]}, "prompt[1]"),
+    ({"prompt": ["a", 5]}, "prompt"),
+    ({"prompt": "a", "suffix": "b"}, "suffix"),
+    ({"prompt": "a", "logprobs": 21}, "logprobs"),
+    ({"prompt": "a", "echo": True, "logprobs": 1, "stream": True}, "echo"),
+    ({"prompt": "a", "best_of": 3}, "best_of"),
+]
+GENERATE_CASES = [
+    ({}, "text"),
+    ({"text": "a", "input_ids": [1]}, "text"),
+    ({"text": ""}, "text"),
+    ({"input_ids": [[]]}, "input_ids"),
+    ({"text": "a", "sampling_params": "greedy"}, "sampling_params"),
+    ({"text": "a", "sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
+    ({"text": "a", "sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": 2001}}, "sampling_params.max_new_tokens"),
+    ({"text": "a", "sampling_params": {"stop_regex": ["x+"]}}, "sampling_params.stop_regex"),
+    ({"text": "a", "sampling_params": {"frobnicate": 1}}, "sampling_params.frobnicate"),
+    ({"text": "a", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
+    ({"text": "a", "image_data": "x"}, "image_data"),
+    ({"text": LONG}, "text"),
+]
+
+
+def openai_error(r, status: int, param: str | None, code: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == param and body["error"]["message"]
+    if code:
+        assert body["error"]["code"] == code
+    return body["error"]
+
+
+@pytest.mark.parametrize("body,param", CHAT_CASES, ids=[p for _, p in CHAT_CASES])
+def test_chat_errors_name_the_param(tight, body, param):
+    error = openai_error(requests.post(tight.url + "/v1/chat/completions", json=body, timeout=30), 400, param)
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body,param", COMPLETION_CASES, ids=[p for _, p in COMPLETION_CASES])
+def test_completion_errors_name_the_param(tight, body, param):
+    openai_error(requests.post(tight.url + "/v1/completions", json=body, timeout=30), 400, param)
+
+
+@pytest.mark.parametrize("body,field", GENERATE_CASES, ids=[f for _, f in GENERATE_CASES])
+def test_generate_errors_name_the_field(tight, body, field):
+    r = requests.post(tight.url + "/generate", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert set(r.json()) == {"error", "request_id"} and r.json()["error"]["field"] == field
+
+
+def test_protocol_errors_in_each_dialect(tight):
+    openai_error(requests.post(tight.url + "/v1/chat/completions", data=b"{nope", timeout=30), 400, None, "invalid_json")
+    openai_error(requests.get(tight.url + "/v1/chat/completions", timeout=30), 405, None, "method_not_allowed")
+    openai_error(requests.post(tight.url + "/v1/chat/completions", json={"model": "gpt-4", "messages": MSG},
+                               timeout=30), 404, "model", "model_not_found")
+    openai_error(requests.post(tight.url + "/v1/pins", json={}, timeout=30), 400, "text")
+    openai_error(requests.delete(tight.url + "/v1/pins/pin-404", timeout=30), 404, "pin")
+    r = requests.post(tight.url + "/generate", data=b"[", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json"
+    assert requests.post(tight.url + "/decide", json={"state": "x"}, timeout=30).status_code == 404  # generation only
+
+
+def test_queue_full_is_503_with_retry_after(tight):
+    r = requests.post(tight.url + "/v1/chat/completions", json={"messages": MSG, "n": 2, "max_tokens": 2}, timeout=30)
+    error = openai_error(r, 503, None, "overloaded")
+    assert r.headers["Retry-After"] == "1" and "max_waiting" in error["message"]
+
+
+def test_deadline_ends_answers_and_streams(tight):
+    body = {"messages": MSG, "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    openai_error(requests.post(tight.url + "/v1/chat/completions", json=body, timeout=60), 504, None, "timeout")
+    with requests.post(tight.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=60) as r:
+        lines = [line for line in r.iter_lines(decode_unicode=True) if line]
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][len("data: "):])
+    assert last["error"]["code"] == "timeout"
+    r = requests.post(tight.url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2000,
+                                                                                      "ignore_eos": True}}, timeout=60)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+
+
+def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
+    body = {"messages": MSG, "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
+    opened, ready = [], threading.Barrier(3, timeout=30)
+
+    def hold() -> None:
+        with requests.post(tight.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            lines = r.iter_lines(decode_unicode=True)
+            opened.append(next(line for line in lines if line))
+            ready.wait()
+            for _ in lines:  # read to the end (the 2 s deadline ends it)
+                pass
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holders:
+        t.start()
+    ready.wait()
+    r = requests.post(tight.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 1}, timeout=30)
+    error = openai_error(r, 503, None, "overloaded")
+    assert "request threads" in error["message"] and r.headers["Retry-After"] == "1"
+    for t in holders:
+        t.join(60)
+    assert requests.post(tight.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 1},
+                         timeout=30).status_code == 200
+
+
+def test_the_server_stays_up(tight):
+    assert requests.get(tight.url + "/health", timeout=10).status_code == 200
+    r = requests.post(tight.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
