@@ -1,0 +1,40 @@
+"""The embedded SmolLM2-135M-Instruct behind `pagoda serve --generate-only` (the default model): what the
+OpenAI SDK and `/generate` answer equals `Engine.generate` in-process, token for token. Slow: the GGUF is
+dequantised twice (server and reference)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+from serving_support import ServerProcess
+
+from generation import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.slow
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    proc = ServerProcess(tmp_path_factory.mktemp("smol") / "serve.log",
+                         ["--generate-only", "--generate-model", "default", "--generate-torch-threads", "1"])
+    yield proc.running(timeout=300)
+    proc.stop()
+
+
+def test_smollm2_over_http_equals_the_engine(smol):
+    engine = Engine(EngineConfig(model=None))
+    ids = engine.tokenizer.encode(engine.apply_chat_template(CHAT))
+    (ref,) = engine.generate([ids], SamplingParams(max_new_tokens=16))
+    client = openai.OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == ref.text and r.usage.prompt_tokens == len(ids)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=16, temperature=0, stream=True) if c.choices)
+    assert streamed == ref.text
+    native = requests.post(smol.url + "/generate", timeout=120, json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}).json()
+    assert native["output_ids"] == ref.token_ids
+    assert native["meta_info"]["cached_tokens"] > 0  # the chat requests left the prompt in the cache
