@@ -39,17 +39,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def register(commands, bench) -> None:
-    serve = commands.add_parser("serve", help="serve the HTTP APIs: POST /decide and friends (gunicorn, "
-                                              "cross-request batching)",
+    serve = commands.add_parser("serve", help="serve the HTTP APIs: /decide and friends, and generation "
+                                              "(OpenAI /v1/chat/completions, SGLang /generate) on one port",
                                 description="Start the server. Every flag also reads PAGODA_<FLAG> from the "
                                             "environment; PAGODA_API_KEY turns on bearer auth.")
     ServeConfig.add_arguments(serve)
     serve.set_defaults(func=_serve)
 
-    b = bench.add_parser("serve", help="closed-loop HTTP clients against pagoda serve, batching on vs off")
+    b = bench.add_parser("serve", help="closed-loop HTTP clients against pagoda serve: /decide batching on vs "
+                                       "off, or (--generate) streaming chat vs transformers and llama.cpp")
+    b.add_argument("--generate", action="store_true", help="benchmark the generation API instead of /decide")
     b.add_argument("--model", default=None, help="Laya checkpoint folder (default: the embedded laya-mini)")
     b.add_argument("--student", default=None, help="benchmark a distilled student instead")
-    b.add_argument("--concurrency", default="1,4,16,32", help="comma list of client counts")
+    b.add_argument("--concurrency", default=None, help="comma list of client counts (default 1,4,16,32; "
+                                                       "1,8,32 with --generate)")
     b.add_argument("--seconds", type=float, default=5.0, help="measured seconds per (mode, concurrency)")
     b.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each measurement")
     b.add_argument("--preset", default="support-triage", help="question preset the clients ask")
@@ -57,6 +60,15 @@ def register(commands, bench) -> None:
     b.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads in the server (0: torch default; 1 keeps runs comparable on a shared box)")
     b.add_argument("--plot", default=None, help="write a PNG of decisions/s by concurrency here")
+    g = b.add_argument_group("--generate")
+    g.add_argument("--generate-model", default=None, help="HF folder or .gguf (default: the embedded SmolLM2)")
+    g.add_argument("--prefix-tokens", type=int, default=300, help="tokens of the system prompt every request shares")
+    g.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
+    g.add_argument("--hf-rounds", type=int, default=2, help="timed transformers batches per concurrency")
+    g.add_argument("--baseline-url", default=None, help="an OpenAI-compatible server to compare with "
+                                                        "(llama-cpp-python's, on the same GGUF)")
+    g.add_argument("--baseline-python", default=None, help="a python with llama-cpp-python[server]: the bench "
+                                                           "starts its server on the same GGUF itself")
     b.set_defaults(func=_bench)
 
 
@@ -76,12 +88,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from serving.decide.bench import run_bench
+    if args.generate:
+        from serving.generate.bench import run_bench
+    else:
+        from serving.decide.bench import run_bench
 
+    concurrency = args.concurrency or ("1,8,32" if args.generate else "1,4,16,32")
     try:
-        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        levels = [int(x) for x in concurrency.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"--concurrency: expected a comma list of integers, got {args.concurrency!r}") from None
+        raise SystemExit(f"--concurrency: expected a comma list of integers, got {concurrency!r}") from None
     if not levels or min(levels) < 1:
         raise SystemExit("--concurrency: give at least one positive client count")
     return run_bench(args, levels, out=sys.stdout)

@@ -154,3 +154,14 @@ def test_which_apis_are_mounted(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     assert GenerateConfig().model_path() is False and names() == ["decide"]
+
+
+@pytest.mark.slow
+def test_bench_serve_generate_runs_end_to_end(tiny_llama):
+    """The benchmark command itself (its figures are for docs/benchmarks.md, never asserted here)."""
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "bench", "serve", "--generate", "--generate-model",
+                           str(tiny_llama), "--concurrency", "1,2", "--seconds", "1", "--warmup", "0", "--new-tokens", "4",
+                           "--prefix-tokens", "20", "--hf-rounds", "1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| 2 |" in proc.stdout and "vs transformers" in proc.stdout and "in-process single-stream" in proc.stdout

@@ -1,0 +1,274 @@
+"""`pagoda bench serve --generate`: closed-loop streaming chat clients against `pagoda serve`, with
+transformers `generate` (always) and optionally llama-cpp-python's OpenAI server on the same GGUF as
+baselines measured in the same run.
+
+The workload is the issue's: every chat request shares a ~300-token system prompt and asks its own
+question, 32 new tokens. At each concurrency N clients send the next request the moment their last stream
+ended; only requests that end inside the measured window count. Reported: output tokens/s, time to first
+token p50/p99, inter-token gap p50, the prefix-cache hit ratio, and ratios against the baselines. The
+in-process single-stream decode rate of the same engine is the ceiling one HTTP client is held to.
+transformers has no server: its figure is what one static batch of N requests (left-padded, one
+`generate` call, greedy) sustains, which is how a transformers user serves N clients at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import requests
+
+from serving.bench import ServerProcess, _free_port
+
+SYSTEM_SENTENCE = (
+    "You are the support assistant of a company that rents bicycles in twelve cities. Answer briefly, "
+    "politely and precisely, cite the relevant policy section, never invent prices, and ask one clarifying "
+    "question when a request is ambiguous. "
+)
+QUESTIONS = [
+    "How do I unlock a bike?", "Can I return a bike in another city?", "What happens if I lose the key?",
+    "Is a helmet included?", "How are late returns charged?", "Can children ride?", "Do you have e-bikes?",
+    "How do I report a flat tyre?", "Can I reserve a bike for tomorrow?", "What payment methods work?",
+    "Is there a student discount?", "How long can I keep a bike?", "What if it rains?", "Are pets allowed?",
+    "How do I cancel a reservation?", "Where is the nearest station?",
+]
+
+
+def system_prompt(tokenizer: Any, tokens: int) -> str:
+    text = SYSTEM_SENTENCE
+    while len(tokenizer.encode(text)) < tokens:
+        text += SYSTEM_SENTENCE
+    return text
+
+
+def messages(system: str, client: int, i: int) -> list[dict]:
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": f"{QUESTIONS[(client * 7 + i) % len(QUESTIONS)]} (ticket {client}-{i})"}]
+
+
+def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int, warmup: float, seconds: float,
+                extra: dict) -> dict:
+    """`clients` closed-loop streaming chat clients; figures over the requests that end in the window."""
+    results: list[list[dict]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+
+    def one(session: requests.Session, c: int, i: int) -> dict | None:
+        body = {"model": model, "messages": messages(system, c, i), "max_tokens": new_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}, **extra}
+        started = time.monotonic()
+        first, last, gaps, chunks, usage = None, None, [], 0, None
+        with session.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as r:
+            if r.status_code != 200:
+                return None
+            for line in r.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if data.get("usage"):
+                    usage = data["usage"]
+                if any((ch.get("delta") or {}).get("content") for ch in data.get("choices", [])):
+                    now = time.monotonic()
+                    first = first or now
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+                    chunks += 1
+        done = time.monotonic()
+        tokens = usage["completion_tokens"] if usage else chunks
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) if usage else 0
+        return {"done": done, "ttft": (first or done) - started, "gaps": gaps, "tokens": tokens,
+                "prompt": usage["prompt_tokens"] if usage else 0, "cached": cached or 0}
+
+    def client(c: int) -> None:
+        i = 1
+        with requests.Session() as session:
+            while time.monotonic() < t_end:
+                try:
+                    res = one(session, c, i)
+                except requests.RequestException:
+                    res = None
+                i += 1
+                now = time.monotonic()
+                if t_measure <= now <= t_end:
+                    if res is None:
+                        errors[c] += 1
+                    else:
+                        results[c].append(res)
+
+    with requests.Session() as session:  # one request first, so every level starts with the system prompt cached
+        one(session, clients, 0)
+    t_measure = time.monotonic() + warmup
+    t_end = t_measure + seconds
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [r for per in results for r in per]
+    ttft = [r["ttft"] * 1000 for r in flat]
+    gaps = [g * 1000 for r in flat for g in r["gaps"]]
+    prompt = sum(r["prompt"] for r in flat)
+
+    def pct(values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) if values else float("nan")
+
+    return {"tok_s": sum(r["tokens"] for r in flat) / seconds, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
+            "itl_p50": pct(gaps, 50), "hit": sum(r["cached"] for r in flat) / prompt if prompt else float("nan"),
+            "n": len(flat), "errors": sum(errors)}
+
+
+def hf_level(hf: Any, tokenizer: Any, system: str, clients: int, new_tokens: int, rounds: int) -> dict:
+    """transformers serving N clients at once: one left-padded batch per round, greedy."""
+    import torch
+
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(messages(system, c, 0))) for c in range(clients)]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def timed(n: int) -> float:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t
+
+    ttft = timed(1)
+    total = sum(timed(new_tokens) for _ in range(rounds))
+    per_round = total / rounds
+    return {"tok_s": clients * new_tokens / per_round, "ttft_p50": ttft * 1000, "ttft_p99": ttft * 1000,
+            "itl_p50": (per_round - ttft) / max(1, new_tokens - 1) * 1000, "hit": 0.0, "n": clients * rounds,
+            "errors": 0}
+
+
+def in_process_decode(engine: Any, system: str, new_tokens: int, rounds: int = 5) -> float:
+    """The engine's single-stream rate on the same workload, no HTTP: the ceiling of one HTTP client."""
+    from generation.config import SamplingParams
+
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    rates = []
+    for i in range(rounds + 1):
+        ids = engine.tokenizer.encode(engine.apply_chat_template(messages(system, 0, i)))
+        t = time.perf_counter()
+        (out,) = engine.generate([ids], params)
+        if i:  # the first round computes the system prompt; later ones hit it, as the HTTP clients do
+            rates.append(len(out.token_ids) / (time.perf_counter() - t))
+    return float(np.median(rates))
+
+
+def start_llama_cpp(python: str, model: Path, threads: int) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+                             "--port", str(port), "--n_threads", str(threads), "--n_ctx", "4096"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("bench serve: the llama-cpp-python server exited")
+        try:
+            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
+                return proc, url
+        except requests.RequestException:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("bench serve: the llama-cpp-python server did not start within 300 s")
+
+
+def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
+    import torch
+
+    from generation.bench import hf_reference
+    from generation.config import EngineConfig
+    from generation.engine import Engine
+    from generation.weights import default_model_path
+
+    threads = args.torch_threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    path = Path(args.generate_model) if args.generate_model else default_model_path()
+    engine = Engine(EngineConfig(model=str(path)))
+    system = system_prompt(engine.tokenizer, args.prefix_tokens)
+    prompt_tokens = len(engine.tokenizer.encode(engine.apply_chat_template(messages(system, 0, 0))))
+    print(f"model {path.name}; {prompt_tokens}-token chat prompts ({len(engine.tokenizer.encode(system))}-token "
+          f"shared system prompt), {args.new_tokens} new tokens; torch threads {threads}; "
+          f"{args.seconds:g}s per level after {args.warmup:g}s warm-up", file=out, flush=True)
+    rows: dict[str, dict[int, dict]] = {}
+
+    decode = in_process_decode(engine, system, args.new_tokens)
+    print(f"in-process single-stream decode: {decode:.1f} tok/s", file=out, flush=True)
+    tokenizer = engine.tokenizer
+    del engine  # its KV pool: the server allocates its own
+
+    server = ServerProcess(["--generate-only", "--generate-model", str(path), "--generate-torch-threads", str(threads),
+                            "--threads", str(2 * max(levels) + 8), "--generate-threads", str(2 * max(levels))])
+    try:
+        server.wait_ready()
+        name = requests.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        rows["pagoda"] = {}
+        for clients in levels:
+            rows["pagoda"][clients] = _report("pagoda", clients, stream_loop(
+                server.url, name, system, args.new_tokens, clients, args.warmup, args.seconds, {"ignore_eos": True}), out)
+    finally:
+        server.stop()
+
+    baseline_proc = None
+    url = args.baseline_url
+    if url is None and args.baseline_python:
+        baseline_proc, url = start_llama_cpp(args.baseline_python, path, threads)
+    if url:
+        try:
+            name = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+            rows["llama.cpp"] = {}
+            for clients in levels:
+                rows["llama.cpp"][clients] = _report("llama.cpp", clients, stream_loop(
+                    url, name, system, args.new_tokens, clients, args.warmup, args.seconds, {}), out)
+        finally:
+            if baseline_proc is not None:
+                baseline_proc.terminate()
+                baseline_proc.wait(timeout=60)
+
+    hf = hf_reference(path, torch.float32)
+    hf.generation_config.eos_token_id = None
+    rows["transformers"] = {}
+    for clients in levels:
+        rows["transformers"][clients] = _report("transformers", clients, hf_level(
+            hf, tokenizer, system, clients, args.new_tokens, args.hf_rounds), out)
+
+    _table(rows, levels, decode, out)
+    return 0
+
+
+def _report(label: str, clients: int, stats: dict, out: TextIO) -> dict:
+    print(f"{label:>12} clients {clients:>3}: {stats['tok_s']:8.1f} output tok/s  TTFT p50 {stats['ttft_p50']:7.1f} ms "
+          f"p99 {stats['ttft_p99']:7.1f} ms  ITL p50 {stats['itl_p50']:6.1f} ms  cache hit {stats['hit']:.2f}  "
+          f"({stats['n']} requests, {stats['errors']} errors)", file=out, flush=True)
+    return stats
+
+
+def _table(rows: dict[str, dict[int, dict]], levels: list[int], decode: float, out: TextIO) -> None:
+    ours = rows["pagoda"]
+    heads = ["clients", "pagoda tok/s", "TTFT p50/p99 ms", "ITL p50 ms", "cache hit", "vs transformers"]
+    if "llama.cpp" in rows:
+        heads += ["llama.cpp tok/s", "vs llama.cpp"]
+    print("\n| " + " | ".join(heads) + " |", file=out)
+    print("|" + "---:|" * len(heads), file=out)
+    for c in levels:
+        a, hf = ours[c], rows["transformers"][c]
+        cells = [str(c), f"{a['tok_s']:.1f}", f"{a['ttft_p50']:.0f} / {a['ttft_p99']:.0f}", f"{a['itl_p50']:.1f}",
+                 f"{a['hit']:.2f}", f"{a['tok_s'] / hf['tok_s']:.2f}x"]
+        if "llama.cpp" in rows:
+            lc = rows["llama.cpp"][c]
+            cells += [f"{lc['tok_s']:.1f}", f"{a['tok_s'] / lc['tok_s']:.2f}x" if lc["tok_s"] else "n/a"]
+        print("| " + " | ".join(cells) + " |", file=out)
+    one = ours[min(levels)]["tok_s"]
+    print(f"\none HTTP client: {one:.1f} tok/s = {one / decode:.0%} of the in-process single-stream decode rate "
+          f"({decode:.1f} tok/s; goal >= 95%)", file=out)
+    top = max(levels)
+    goals = [f"{top} clients vs transformers {ours[top]['tok_s'] / rows['transformers'][top]['tok_s']:.2f}x (goal >= 3x)"]
+    if "llama.cpp" in rows and rows["llama.cpp"][top]["tok_s"]:
+        goals.append(f"vs llama.cpp {ours[top]['tok_s'] / rows['llama.cpp'][top]['tok_s']:.2f}x (goal >= 1.5x)")
+    print("; ".join(goals), file=out)
