@@ -17,12 +17,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import requests
 
+T = TypeVar("T")
 
-def _free_port() -> int:
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -32,7 +35,7 @@ class ServerProcess:
     """`pagoda serve FLAGS` on a free loopback port, its stderr kept for the error when it dies."""
 
     def __init__(self, flags: list[str]):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--no-access-log", *flags]
@@ -62,10 +65,12 @@ class ServerProcess:
             self.proc.kill()
 
 
-def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, warmup: float, seconds: float) -> dict:
-    """`clients` threads, one keep-alive session each, POST `body_for(client, i)` the moment the last answer
-    came; completions inside the measured window count. Returns rps, p50/p99 ms, n ok and errors."""
-    latencies: list[list[float]] = [[] for _ in range(clients)]
+def run_clients(call: Callable[[requests.Session, int, int], T | None], clients: int, warmup: float,
+                seconds: float) -> tuple[list[T], int]:
+    """`clients` threads, one keep-alive session each, each calling `call(session, client, i)` the moment its
+    last call returned (None or an exception is an error); returns the results of the calls that ended
+    inside the measured window (after `warmup`, for `seconds`) and how many of those failed."""
+    results: list[list[T]] = [[] for _ in range(clients)]
     errors = [0] * clients
     t_measure = time.monotonic() + warmup
     t_end = t_measure + seconds
@@ -73,28 +78,33 @@ def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, wa
     def client(c: int) -> None:
         i = 0
         with requests.Session() as session:
-            while True:
-                started = time.monotonic()
-                if started >= t_end:
-                    return
+            while time.monotonic() < t_end:
                 try:
-                    ok = session.post(url, json=body_for(c, i), timeout=120).status_code == 200
+                    result = call(session, c, i)
                 except requests.RequestException:
-                    ok = False
-                done = time.monotonic()
+                    result = None
                 i += 1
-                if t_measure <= done <= t_end:
-                    if ok:
-                        latencies[c].append((done - started) * 1000)
-                    else:
+                if t_measure <= time.monotonic() <= t_end:
+                    if result is None:
                         errors[c] += 1
+                    else:
+                        results[c].append(result)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    flat = [x for per in latencies for x in per]
+    return [r for per in results for r in per], sum(errors)
+
+
+def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, warmup: float, seconds: float) -> dict:
+    """Closed-loop POSTs of `body_for(client, i)` to `url`; returns rps, p50/p99 ms, n ok and errors."""
+    def call(session: requests.Session, c: int, i: int) -> float | None:
+        started = time.monotonic()
+        ok = session.post(url, json=body_for(c, i), timeout=120).status_code == 200
+        return (time.monotonic() - started) * 1000 if ok else None
+
+    flat, errors = run_clients(call, clients, warmup, seconds)
     p50, p99 = np.percentile(flat, [50, 99]) if flat else (float("nan"), float("nan"))
-    return {"rps": len(flat) / seconds, "p50": float(p50), "p99": float(p99), "n": len(flat),
-            "errors": sum(errors)}
+    return {"rps": len(flat) / seconds, "p50": float(p50), "p99": float(p99), "n": len(flat), "errors": errors}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,20 +22,8 @@ from typing import Any, TextIO
 import numpy as np
 import requests
 
-from serving.bench import ServerProcess, _free_port
-
-SYSTEM_SENTENCE = (
-    "You are the support assistant of a company that rents bicycles in twelve cities. Answer briefly, "
-    "politely and precisely, cite the relevant policy section, never invent prices, and ask one clarifying "
-    "question when a request is ambiguous. "
-)
-QUESTIONS = [
-    "How do I unlock a bike?", "Can I return a bike in another city?", "What happens if I lose the key?",
-    "Is a helmet included?", "How are late returns charged?", "Can children ride?", "Do you have e-bikes?",
-    "How do I report a flat tyre?", "Can I reserve a bike for tomorrow?", "What payment methods work?",
-    "Is there a student discount?", "How long can I keep a bike?", "What if it rains?", "Are pets allowed?",
-    "How do I cancel a reservation?", "Where is the nearest station?",
-]
+from generation.bench import QUESTIONS, SYSTEM_SENTENCE
+from serving.bench import ServerProcess, free_port, run_clients
 
 
 def system_prompt(tokenizer: Any, tokens: int) -> str:
@@ -54,9 +41,6 @@ def messages(system: str, client: int, i: int) -> list[dict]:
 def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int, warmup: float, seconds: float,
                 extra: dict) -> dict:
     """`clients` closed-loop streaming chat clients; figures over the requests that end in the window."""
-    results: list[list[dict]] = [[] for _ in range(clients)]
-    errors = [0] * clients
-
     def one(session: requests.Session, c: int, i: int) -> dict | None:
         body = {"model": model, "messages": messages(system, c, i), "max_tokens": new_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}, **extra}
@@ -69,8 +53,7 @@ def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 data = json.loads(line[6:])
-                if data.get("usage"):
-                    usage = data["usage"]
+                usage = data.get("usage") or usage
                 if any((ch.get("delta") or {}).get("content") for ch in data.get("choices", [])):
                     now = time.monotonic()
                     first = first or now
@@ -79,37 +62,14 @@ def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int
                     last = now
                     chunks += 1
         done = time.monotonic()
-        tokens = usage["completion_tokens"] if usage else chunks
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) if usage else 0
-        return {"done": done, "ttft": (first or done) - started, "gaps": gaps, "tokens": tokens,
-                "prompt": usage["prompt_tokens"] if usage else 0, "cached": cached or 0}
-
-    def client(c: int) -> None:
-        i = 1
-        with requests.Session() as session:
-            while time.monotonic() < t_end:
-                try:
-                    res = one(session, c, i)
-                except requests.RequestException:
-                    res = None
-                i += 1
-                now = time.monotonic()
-                if t_measure <= now <= t_end:
-                    if res is None:
-                        errors[c] += 1
-                    else:
-                        results[c].append(res)
+        details = (usage or {}).get("prompt_tokens_details") or {}
+        return {"ttft": (first or done) - started, "gaps": gaps,
+                "tokens": usage["completion_tokens"] if usage else chunks,
+                "prompt": usage["prompt_tokens"] if usage else 0, "cached": details.get("cached_tokens") or 0}
 
     with requests.Session() as session:  # one request first, so every level starts with the system prompt cached
         one(session, clients, 0)
-    t_measure = time.monotonic() + warmup
-    t_end = t_measure + seconds
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    flat = [r for per in results for r in per]
+    flat, errors = run_clients(lambda session, c, i: one(session, c, i + 1), clients, warmup, seconds)
     ttft = [r["ttft"] * 1000 for r in flat]
     gaps = [g * 1000 for r in flat for g in r["gaps"]]
     prompt = sum(r["prompt"] for r in flat)
@@ -119,7 +79,7 @@ def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int
 
     return {"tok_s": sum(r["tokens"] for r in flat) / seconds, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
             "itl_p50": pct(gaps, 50), "hit": sum(r["cached"] for r in flat) / prompt if prompt else float("nan"),
-            "n": len(flat), "errors": sum(errors)}
+            "n": len(flat), "errors": errors}
 
 
 def hf_level(hf: Any, tokenizer: Any, system: str, clients: int, new_tokens: int, rounds: int) -> dict:
@@ -161,7 +121,7 @@ def in_process_decode(engine: Any, system: str, new_tokens: int, rounds: int = 5
 
 
 def start_llama_cpp(python: str, model: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
                              "--port", str(port), "--n_threads", str(threads), "--n_ctx", "4096"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -43,22 +43,22 @@ class EngineCollector:
             yield GaugeMetricFamily(f"pagoda_generation_{key}", help_text, value=float(stats[key]))
 
 
+TOKEN_COUNTERS = {"prompt": "prompt tokens of answered requests",
+                  "cached": "prompt tokens served from the prefix cache or a pin", "output": "tokens generated"}
+LATENCIES = {"ttft": ("request arrival to its first generated token", E2E_BUCKETS),
+             "inter_token": ("gap between consecutive tokens of one choice", ITL_BUCKETS),
+             "e2e": ("request arrival to its last token", E2E_BUCKETS)}
+
+
 class GenerateMetrics:
     def __init__(self, registry: CollectorRegistry, read_engine: Callable[[], dict | None]) -> None:
-        r = registry
         self.requests = PCounter("pagoda_generation_requests", "generation choices ended, by route and finish reason",
-                                 ["route", "finish_reason"], registry=r)
-        self.prompt_tokens = PCounter("pagoda_generation_prompt_tokens", "prompt tokens of answered requests",
-                                      registry=r)
-        self.cached_tokens = PCounter("pagoda_generation_cached_tokens", "prompt tokens served from the prefix cache",
-                                      registry=r)
-        self.output_tokens = PCounter("pagoda_generation_output_tokens", "tokens generated", registry=r)
-        self.ttft = Histogram("pagoda_generation_ttft_seconds", "request arrival to its first generated token",
-                              buckets=E2E_BUCKETS, registry=r)
-        self.itl = Histogram("pagoda_generation_inter_token_seconds", "gap between consecutive tokens of a choice",
-                             buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("pagoda_generation_e2e_seconds", "request arrival to its last token",
-                             buckets=E2E_BUCKETS, registry=r)
+                                 ["route", "finish_reason"], registry=registry)
+        self.tokens = {k: PCounter(f"pagoda_generation_{k}_tokens", text, registry=registry)
+                       for k, text in TOKEN_COUNTERS.items()}
+        suffix = {"ttft": "ttft_seconds", "inter_token": "inter_token_seconds", "e2e": "e2e_seconds"}
+        self.latency = {k: Histogram(f"pagoda_generation_{suffix[k]}", text, buckets=buckets, registry=registry)
+                        for k, (text, buckets) in LATENCIES.items()}
         registry.register(EngineCollector(read_engine))
         self._lock = threading.Lock()
         self._ttft_ms: deque[float] = deque(maxlen=WINDOW)
@@ -70,17 +70,17 @@ class GenerateMetrics:
                         output_tokens: int, ttft_s: float | None, itl_s: list[float], e2e_s: float) -> None:
         for reason in finish_reasons:
             self.requests.labels(route, reason).inc()
-        self.prompt_tokens.inc(prompt_tokens)
-        self.cached_tokens.inc(cached_tokens)
-        self.output_tokens.inc(output_tokens)
+        counts = {"prompt": prompt_tokens, "cached": cached_tokens, "output": output_tokens}
+        for key, count in counts.items():
+            self.tokens[key].inc(count)
         if ttft_s is not None:
-            self.ttft.observe(ttft_s)
+            self.latency["ttft"].observe(ttft_s)
         for gap in itl_s:
-            self.itl.observe(gap)
-        self.e2e.observe(e2e_s)
+            self.latency["inter_token"].observe(gap)
+        self.latency["e2e"].observe(e2e_s)
         with self._lock:
             self._finished.update(f"{route} {reason}" for reason in finish_reasons)
-            self._tokens.update(prompt=prompt_tokens, cached=cached_tokens, output=output_tokens)
+            self._tokens.update(counts)
             if ttft_s is not None:
                 self._ttft_ms.append(ttft_s * 1000)
             self._itl_ms.extend(gap * 1000 for gap in itl_s)

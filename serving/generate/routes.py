@@ -9,6 +9,7 @@ server's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, g, request
@@ -50,15 +51,8 @@ class GenerateApi:
     # What the app factory asks of every API.
 
     def start(self, registry: CollectorRegistry) -> None:
-        self.service = Service(self.cfg, self.model, registry)
-        if self._engine is not None:
-            self.service.attach(self._engine)
-        else:
-            self.service.load_in_background()
-
-    @property
-    def loaded(self):
-        return self.service.loaded
+        self.service = Service(self.cfg, self.model, registry, self._engine)
+        self.loaded = self.service.loaded
 
     @property
     def error(self) -> str | None:
@@ -82,18 +76,15 @@ class GenerateApi:
     # OpenAI.
 
     def chat(self) -> Any:
-        req = chat_request(self._body(), self.cfg)
-        run = self.service.start(req, g.t0)
-        if req.stream:
-            return event_stream(openai.chat_stream(run, self.service, g.request_id))
-        return openai.chat_completion(run, self.service)
+        return self._openai(chat_request, openai.chat_completion, openai.chat_stream)
 
     def completions(self) -> Any:
-        req = completion_request(self._body(), self.cfg)
+        return self._openai(completion_request, openai.completion, openai.completion_stream)
+
+    def _openai(self, parse: Callable, answer: Callable, stream: Callable) -> Any:
+        req = parse(self._body(), self.cfg)
         run = self.service.start(req, g.t0)
-        if req.stream:
-            return event_stream(openai.completion_stream(run, self.service, g.request_id))
-        return openai.completion(run, self.service)
+        return event_stream(stream(run, self.service, g.request_id)) if req.stream else answer(run, self.service)
 
     # Pins.
 

@@ -134,7 +134,9 @@ class Run:
 class Service:
     """The loaded engine and its loop, or why there is none yet; pins created over HTTP."""
 
-    def __init__(self, cfg: GenerateConfig, model: str | None, registry: Any):
+    def __init__(self, cfg: GenerateConfig, model: str | None, registry: Any, engine: Any = None):
+        """Registers the series in `registry`, then attaches `engine` (already loaded: tests, embedding) or
+        starts loading the model in the background."""
         self.cfg = cfg
         self.model = model
         self.engine: Any = None
@@ -146,6 +148,10 @@ class Service:
         self.metrics = GenerateMetrics(registry, self.engine_stats)
         self._pins: dict[str, list[int]] = {}  # pin id -> its tokens, for finding the pin a prompt extends
         self._pins_lock = threading.Lock()
+        if engine is not None:
+            self.attach(engine)
+        else:
+            self.load_in_background()
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
