@@ -20,23 +20,7 @@ from distill.fidelity import mean_kl
 from distill.modeling_student import EncoderStudent, from_minilm, pad
 from distill.task import Task
 from laya.calibration import softmax
-
-
-def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Shuffled batches of similar length: little padding, still a different order every epoch.
-
-    The same plan as laya's trainer (`laya.training.trainer._plan`, windows of 50 batches, private);
-    this one sorts windows of 32 batches and stays until laya offers its planner publicly, torch-free.
-    """
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    pool = batch_size * 32
-    out = []
-    for start in range(0, len(order), pool):
-        group = sorted(order[start:start + pool], key=lambda i: lengths[i])
-        out += [group[j:j + batch_size] for j in range(0, len(group), batch_size)]
-    rng.shuffle(out)
-    return out
+from laya.training.trainer import plan_batches
 
 
 def distill_loss(logits: torch.Tensor, heads: list[dict], scores: set[str], targets: dict[str, torch.Tensor],
@@ -94,7 +78,7 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
     with tqdm(total=steps, desc=f"train {s.layers}-layer student", unit="step", disable=not progress) as bar:
         for epoch in range(s.epochs):
             model.train()
-            for batch in batches(lengths, s.batch_size, rng):
+            for batch in plan_batches(lengths, s.batch_size, rng, window_batches=32):
                 x, m = pad([train_ids[i] for i in batch])
                 loss = distill_loss(model(x, m), heads, scores, {k: v[batch] for k, v in tt.items()},
                                     s.score_weight)

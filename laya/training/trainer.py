@@ -129,11 +129,16 @@ def _encoder_name(folder: str) -> str:
         return os.path.basename(os.path.normpath(folder))
 
 
-def _plan(n_items: int, lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """One epoch of batches: shuffle, sort windows of 50 batches by length, shuffle the batches."""
+def plan_batches(lengths: list[int], batch_size: int, rng: random.Random, window_batches: int = 50) -> list[list[int]]:
+    """One epoch of batches of similar length: little padding, yet a different order every epoch.
+
+    Shuffle, sort windows of `window_batches` batches by length, cut, shuffle the batches. Students are
+    trained on the same plan (`distill.trainer`).
+    """
+    n_items = len(lengths)
     order = list(range(n_items))
     rng.shuffle(order)
-    window = batch_size * 50
+    window = batch_size * window_batches
     batches = []
     for start in range(0, n_items, window):
         chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
@@ -249,7 +254,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     end = min(total, cfg.stop_at or total)  # the schedule always spans `total`; `end` only interrupts
     while step < end:
         rng = random.Random(cfg.seed * 100003 + epoch)
-        for idx in _plan(len(items), lengths, cfg.batch_size, rng):
+        for idx in plan_batches(lengths, cfg.batch_size, rng):
             if step >= end:
                 break
             if step < start:  # replay the plan (and its augmentation draws) up to the resumed step
