@@ -1,0 +1,158 @@
+"""Programs on the engine in this process, through an `EngineLoop`, so all running states share its batch.
+
+A fork pins its prefix: the parent's text, tokenised, is computed once and kept resident as a KV pin,
+and every branch's request continues that pin, so it starts with the prefix computed whatever the
+eviction pressure (the engine's `compute_saved_tokens` shows it). The pin holds all the prefix's tokens
+but the last: a prompt is tokenised whole, and the prefix's last token may merge with the text a branch
+appends ("Answer: " + "yes" ends in " yes", not " " + "yes"), while the tokens before it stay put. Any
+request whose tokens start with a live pin's continues it (the longest one), forks' and otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from generation.config import InvalidParam, SamplingParams
+from generation.engine import Engine, GenerationOutput, TokenEvent
+from generation.engine_loop import BatchHandle, EngineLoop
+from generation.lang.backend import Backend, OnText
+from generation.lang.chat_template import ChatTemplate
+from generation.lang.choices import ChoiceScores, scored_from
+from generation.lang.errors import CallSite, LangError
+from generation.lang.ir import GenParams
+
+log = logging.getLogger(__name__)
+
+
+class LocalBackend(Backend):
+    """`LocalBackend(engine)` starts (and `close()` stops) an EngineLoop on `engine`; given an EngineLoop,
+    it shares that loop with its other users. `pin_forks=False` leaves fork prefixes to the prefix cache."""
+
+    def __init__(self, engine: Engine | EngineLoop, *, pin_forks: bool = True) -> None:
+        self._owns_loop = not isinstance(engine, EngineLoop)
+        self.loop = EngineLoop(engine) if self._owns_loop else engine
+        self.engine = self.loop.engine
+        self.pin_forks = pin_forks
+        tokenizer = self.engine.tokenizer
+        self._template = (ChatTemplate(lambda messages: tokenizer.apply_chat_template(messages, False))
+                          if tokenizer.chat_template else None)
+        self._pins: dict[str, list[int]] = {}
+        self._lock = threading.Lock()  # a pin is never unpinned between a request's lookup and its submit
+
+    def close(self) -> None:
+        if self._owns_loop:
+            self.loop.close()
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def chat_template(self) -> ChatTemplate | None:
+        return self._template
+
+    # ---- requests ---------------------------------------------------------------------------------
+
+    def _submit(self, prompts: list[list[int]], params: list[SamplingParams], site: CallSite) -> BatchHandle:
+        with self._lock:
+            pins, rests = [], []
+            for ids in prompts:
+                pin = max((p for p, toks in self._pins.items() if len(toks) < len(ids) and ids[:len(toks)] == toks),
+                          key=lambda p: len(self._pins[p]), default=None)
+                pins.append(pin)
+                rests.append(ids[len(self._pins[pin]):] if pin else ids)
+            try:
+                return self.loop.submit_batch(rests, params, pins=pins)
+            except ValueError as exc:
+                raise LangError(site, str(exc)) from None
+
+    def _finish(self, batch: BatchHandle, site: CallSite, on_text: OnText | None = None) -> list[GenerationOutput]:
+        for event in batch:
+            if on_text is not None and isinstance(event, TokenEvent) and event.text:
+                on_text(event.text)
+        for out in batch.outputs:
+            if out.finish_reason not in ("stop", "length"):
+                raise LangError(site, f"the engine ended the request with {out.finish_reason}: {out.error or ''}".rstrip(": "))
+        return batch.outputs  # type: ignore[return-value]
+
+    def _sampling(self, params: GenParams, site: CallSite) -> SamplingParams:
+        processors = []
+        if params.constraint is not None:
+            try:
+                from generation.constraints import processor_from_request
+
+                processors = [processor_from_request(params.constraint, self.engine, stop_token_ids=params.stop_token_ids)]
+            except (ImportError, ValueError) as exc:
+                raise LangError(site, f"the local backend cannot honour this constraint: {exc}") from None
+        try:
+            return SamplingParams(
+                max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                top_k=0 if params.top_k in (None, -1) else params.top_k, min_p=params.min_p,
+                frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
+                stop=params.stops, stop_token_ids=list(params.stop_token_ids or []), ignore_eos=params.ignore_eos,
+                seed=params.seed, logprobs=(params.top_logprobs_num or 0) if params.return_logprob else None,
+                logits_processors=processors)
+        except InvalidParam as exc:
+            raise LangError(site, str(exc)) from None
+
+    def _token_text(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None) -> tuple[str, dict]:
+        sp = self._sampling(params, site)
+        (out,) = self._finish(self._submit([self.engine.tokenizer.encode(text)], [sp], site), site, on_text)
+        meta: dict[str, Any] = {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
+                                "cached_tokens": out.cached_tokens, "finish_reason": _finish_reason(out)}
+        if out.logprobs is not None:
+            meta["output_token_logprobs"] = [[r["logprob"], r["token_id"], self._token_text(r["token_id"])]
+                                             for r in out.logprobs]
+            if params.top_logprobs_num:
+                meta["output_top_logprobs"] = [[[lp, t, self._token_text(t)] for t, lp in r["top"]] for r in out.logprobs]
+        return out.text, meta
+
+    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite) -> ChoiceScores:
+        encode = self.engine.tokenizer.encode
+        start = scored_from(len(encode(text)))
+        scoring = SamplingParams(max_new_tokens=0, prompt_logprobs=0, prompt_logprobs_start=start)
+        outs = self._finish(self._submit([encode(text + c) for c in choices], [scoring] * len(choices), site), site)
+        entries = [[(r["logprob"], r["token_id"], self._token_text(r["token_id"])) for r in out.prompt_logprobs]
+                   for out in outs]
+        scores = ChoiceScores(list(choices), entries)
+        if unconditional:
+            alone = [[e[1] for e in es] for es in entries if es]
+            params = SamplingParams(max_new_tokens=0, prompt_logprobs=0, prompt_logprobs_start=1)
+            scored = iter(self._finish(self._submit(alone, [params] * len(alone), site), site) if alone else [])
+            scores.unconditional = [[0.0, *(r["logprob"] for r in next(scored).prompt_logprobs)] if es else []
+                                    for es in entries]
+        return scores
+
+    # ---- forks ------------------------------------------------------------------------------------
+
+    def share_prefix(self, text: str, site: CallSite) -> str | None:
+        ids = self.engine.tokenizer.encode(text)[:-1]
+        if not self.pin_forks or not ids:
+            return None
+        try:
+            pin = self.loop.pin(ids)
+        except (RuntimeError, ValueError) as exc:  # e.g. a pool full of pins: the prefix cache still shares
+            log.info("%s: prefix not pinned (%s); the branches rely on the prefix cache", site, exc)
+            return None
+        with self._lock:
+            self._pins[pin] = ids
+        return pin
+
+    def release(self, handle: Any) -> None:
+        if handle is None:
+            return
+        with self._lock:
+            self._pins.pop(handle, None)
+            self.loop.unpin(handle)
+
+
+def _finish_reason(out: GenerationOutput) -> dict[str, Any]:
+    if out.finish_reason == "stop":
+        return {"type": "stop", "matched": out.matched_stop}
+    return {"type": "length", "length": len(out.token_ids)}
