@@ -378,3 +378,37 @@ def test_preemption_mid_generation_still_yields_valid_outputs(tiny_smollm2):
                        logits_processors=[processor_from_request({"json_schema": schema}, alone)])
         for s in range(8)])
     assert [o.token_ids for o in again] == [o.token_ids for o in outs]  # preemption changed no token
+
+
+def test_an_engine_loop_serves_constrained_requests_compiled_on_many_threads(tiny_smollm2):
+    """The server path: request threads validate and compile (sharing the cache) while the loop thread
+    forks and masks; every answer validates and equals the same request run alone."""
+    import threading
+
+    from generation import EngineLoop
+
+    alone = Engine(EngineConfig(model=str(tiny_smollm2), num_threads=1))
+    names = list(TEST_SCHEMAS)
+    jobs = [(PROMPTS[i % len(PROMPTS)], names[i % len(names)], i) for i in range(12)]
+
+    def params(engine, name, seed):
+        return constrained(engine, {"json_schema": TEST_SCHEMAS[name]}, temperature=1.0, seed=seed)
+
+    expected = [alone.generate(p, params(alone, n, s))[0].token_ids for p, n, s in jobs]
+    served = Engine(EngineConfig(model=str(tiny_smollm2), num_threads=1))
+    results: dict[int, object] = {}
+    with EngineLoop(served) as loop:
+        def client(k: int) -> None:
+            for j in range(k, len(jobs), 4):
+                prompt, name, seed = jobs[j]
+                results[j] = loop.submit(prompt, params(served, name, seed)).result(timeout=300)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for j, (_, name, _) in enumerate(jobs):
+        out = results[j]
+        assert out.finish_reason == "stop" and out.token_ids == expected[j]
+        jsonschema.validate(json.loads(out.text), TEST_SCHEMAS[name])

@@ -90,43 +90,39 @@ def _sample(engine: Engine, spec: dict, seed: int, max_new_tokens: int = 120):
     return [o for o in outs if o.finish_reason == "stop"]
 
 
-def test_every_completed_output_validates_against_its_drawn_schema(engine):
+def _holds_for_every_draw(engine: Engine, draws, spec, holds, min_completed: float) -> None:
+    """`holds(value, text)` for every completed output of every drawn value; at least `min_completed` of
+    all outputs must have completed."""
     completed = []
 
     @SETTINGS
-    @given(schema=json_schemas, seed=st.integers(0, 2**16))
-    def check(schema, seed):
-        for out in _sample(engine, {"json_schema": schema}, seed):
-            jsonschema.validate(json.loads(out.text), schema)
+    @given(value=draws, seed=st.integers(0, 2**16))
+    def check(value, seed):
+        for out in _sample(engine, spec(value), seed):
+            holds(value, out.text)
             completed.append(out)
 
     check()
-    assert len(completed) >= 20 * SEEDS // 2, f"only {len(completed)} outputs completed"
+    total = SETTINGS.max_examples * SEEDS
+    assert len(completed) >= min_completed * total, f"only {len(completed)} of {total} outputs completed"
+
+
+def test_every_completed_output_validates_against_its_drawn_schema(engine):
+    def holds(schema, text):
+        jsonschema.validate(json.loads(text), schema)
+
+    _holds_for_every_draw(engine, json_schemas, lambda schema: {"json_schema": schema}, holds, 0.5)
 
 
 def test_every_completed_output_fullmatches_its_drawn_regex(engine):
-    completed = []
+    def holds(regex, text):
+        assert re.fullmatch(regex, text), (regex, text)
 
-    @SETTINGS
-    @given(regex=regexes, seed=st.integers(0, 2**16))
-    def check(regex, seed):
-        for out in _sample(engine, {"regex": regex}, seed):
-            assert re.fullmatch(regex, out.text), (regex, out.text)
-            completed.append(out)
-
-    check()
-    assert len(completed) >= 20 * SEEDS // 2, f"only {len(completed)} outputs completed"
+    _holds_for_every_draw(engine, regexes, lambda regex: {"regex": regex}, holds, 0.5)
 
 
 def test_every_output_is_one_of_its_drawn_choices(engine):
-    completed = []
+    def holds(options, text):
+        assert text in options, (options, text)
 
-    @SETTINGS
-    @given(options=choices, seed=st.integers(0, 2**16))
-    def check(options, seed):
-        for out in _sample(engine, {"choices": options}, seed):
-            assert out.text in options, (options, out.text)
-            completed.append(out)
-
-    check()
-    assert len(completed) >= 20 * SEEDS * 9 // 10, f"only {len(completed)} outputs completed"
+    _holds_for_every_draw(engine, choices, lambda options: {"choices": options}, holds, 0.9)
