@@ -24,18 +24,22 @@ class Backend:
         """The model's role blocks, or None when the backend cannot know the template."""
         return None
 
-    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None) -> tuple[str, dict]:
+    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None,
+                 shared: Any = None) -> tuple[str, dict]:
         """Continue `text` with fully resolved `params`; returns the new text and SGLang-shaped meta info
         (`prompt_tokens`, `completion_tokens`, `cached_tokens`, `finish_reason`, logprobs if asked).
-        `on_text` receives the new text piece by piece while it is generated. Raises `LangError` at `site`."""
+        `on_text` receives the new text piece by piece while it is generated; `shared` is the handle of the
+        fork prefix `text` starts with, on a branch's first call. Raises `LangError` at `site`."""
         raise NotImplementedError
 
-    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite) -> ChoiceScores:
+    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite,
+                      shared: Any = None) -> ChoiceScores:
         """The scored tokens of each choice after `text` (see `generation.lang.choices`)."""
         raise NotImplementedError
 
     def share_prefix(self, text: str, site: CallSite) -> Any:
-        """Before a fork: make `text` cheap to continue many times. Returns a handle for `release`."""
+        """Before a fork: make `text` cheap to continue many times. Returns a handle for `release` and for
+        each branch's first call."""
         return None
 
     def release(self, handle: Any) -> None:

@@ -67,7 +67,8 @@ class HttpBackend(Backend):
     def _generate(self, body: dict[str, Any], site: CallSite) -> Any:
         return self._post(body, site).json()
 
-    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None) -> tuple[str, dict]:
+    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None,
+                 shared: Any = None) -> tuple[str, dict]:
         body: dict[str, Any] = {"text": text, "sampling_params": _sampling_params(params)}
         if params.return_logprob:
             body.update(return_logprob=True, return_text_in_logprobs=True)
@@ -93,7 +94,8 @@ class HttpBackend(Backend):
                     on_text(piece)
         return sent, meta
 
-    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite) -> ChoiceScores:
+    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite,
+                      shared: Any = None) -> ChoiceScores:
         prompt_tokens = 0
         if text:
             prompt_tokens = self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}}, site)[

@@ -1,11 +1,13 @@
 """Programs on the engine in this process, through an `EngineLoop`, so all running states share its batch.
 
 A fork pins its prefix: the parent's text, tokenised, is computed once and kept resident as a KV pin,
-and every branch's request continues that pin, so it starts with the prefix computed whatever the
+and every branch's first request continues that pin, so it starts with the prefix computed whatever the
 eviction pressure (the engine's `compute_saved_tokens` shows it). The pin holds all the prefix's tokens
 but the last: a prompt is tokenised whole, and the prefix's last token may merge with the text a branch
-appends ("Answer: " + "yes" ends in " yes", not " " + "yes"), while the tokens before it stay put. Any
-request whose tokens start with a live pin's continues it (the longest one), forks' and otherwise.
+appends ("Answer: " + "yes" ends in " yes", not " " + "yes"), while the tokens before it stay put.
+A branch's later requests go through the prefix cache instead, which holds the pin's full blocks and
+everything the branch's earlier requests computed: the engine matches a request that continues a pin
+only up to the pin's end, so the pin would make them recompute the branch's own text.
 """
 
 from __future__ import annotations
@@ -56,14 +58,16 @@ class LocalBackend(Backend):
 
     # ---- requests ---------------------------------------------------------------------------------
 
-    def _submit(self, prompts: list[list[int]], params: list[SamplingParams], site: CallSite) -> BatchHandle:
+    def _submit(self, prompts: list[list[int]], params: list[SamplingParams], site: CallSite,
+                shared: str | None = None) -> BatchHandle:
+        """Submit the prompts together, each continuing the pin `shared` when its tokens start with the pin's."""
         with self._lock:
+            kept = self._pins.get(shared) if shared is not None else None
             pins, rests = [], []
             for ids in prompts:
-                pin = max((p for p, toks in self._pins.items() if len(toks) < len(ids) and ids[:len(toks)] == toks),
-                          key=lambda p: len(self._pins[p]), default=None)
-                pins.append(pin)
-                rests.append(ids[len(self._pins[pin]):] if pin else ids)
+                fits = kept is not None and len(kept) < len(ids) and ids[:len(kept)] == kept
+                pins.append(shared if fits else None)
+                rests.append(ids[len(kept):] if fits else ids)
             try:
                 return self.loop.submit_batch(rests, params, pins=pins)
             except ValueError as exc:
@@ -101,9 +105,11 @@ class LocalBackend(Backend):
     def _token_text(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None) -> tuple[str, dict]:
+    def generate(self, text: str, params: GenParams, site: CallSite, on_text: OnText | None = None,
+                 shared: Any = None) -> tuple[str, dict]:
         sp = self._sampling(params, site)
-        (out,) = self._finish(self._submit([self.engine.tokenizer.encode(text)], [sp], site), site, on_text)
+        batch = self._submit([self.engine.tokenizer.encode(text)], [sp], site, shared)
+        (out,) = self._finish(batch, site, on_text)
         meta: dict[str, Any] = {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
                                 "cached_tokens": out.cached_tokens, "finish_reason": _finish_reason(out)}
         if out.logprobs is not None:
@@ -113,11 +119,13 @@ class LocalBackend(Backend):
                 meta["output_top_logprobs"] = [[[lp, t, self._token_text(t)] for t, lp in r["top"]] for r in out.logprobs]
         return out.text, meta
 
-    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite) -> ChoiceScores:
+    def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite,
+                      shared: Any = None) -> ChoiceScores:
         encode = self.engine.tokenizer.encode
         start = scored_from(len(encode(text)))
         scoring = SamplingParams(max_new_tokens=0, prompt_logprobs=0, prompt_logprobs_start=start)
-        outs = self._finish(self._submit([encode(text + c) for c in choices], [scoring] * len(choices), site), site)
+        batch = self._submit([encode(text + c) for c in choices], [scoring] * len(choices), site, shared)
+        outs = self._finish(batch, site)
         entries = [[(r["logprob"], r["token_id"], self._token_text(r["token_id"])) for r in out.prompt_logprobs]
                    for out in outs]
         scores = ChoiceScores(list(choices), entries)

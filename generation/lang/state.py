@@ -43,7 +43,7 @@ class Run:
         self.finished = threading.Event()
         self._lock = threading.Lock()
         self._states: list[ProgramState] = []
-        self._shared: list[Any] = []
+        self._handles: list[Any] = []
 
     def add(self, state: ProgramState) -> None:
         with self._lock:
@@ -52,13 +52,13 @@ class Run:
     def share(self, handle: Any) -> None:
         if handle is not None:
             with self._lock:
-                self._shared.append(handle)
+                self._handles.append(handle)
 
     def unshare(self, handle: Any) -> None:
         with self._lock:
-            if handle is None or handle not in self._shared:
+            if handle is None or handle not in self._handles:
                 return
-            self._shared.remove(handle)
+            self._handles.remove(handle)
         self.backend.release(handle)
 
     def finish(self) -> None:
@@ -68,8 +68,8 @@ class Run:
         for state in states:
             state._drain()
         with self._lock:
-            shared, self._shared = self._shared, []
-        for handle in shared:
+            handles, self._handles = self._handles, []
+        for handle in handles:
             self.backend.release(handle)
         for state in states:
             state._close()
@@ -89,8 +89,9 @@ class ProgramState:
     """What a program function receives as `s`."""
 
     def __init__(self, run: Run, *, text: str = "", variables: dict | None = None, messages: list | None = None,
-                 role: _OpenRole | None = None) -> None:
+                 role: _OpenRole | None = None, shared: Any = None) -> None:
         self._run = run
+        self._shared = shared  # the fork prefix this branch starts with, until its first model call
         self._text = text
         self._fork_start = len(text)
         self._vars: dict[str, Any] = dict(variables or {})
@@ -238,8 +239,8 @@ class ProgramState:
             handle = self._run.backend.share_prefix(self._text, site)
             self._run.share(handle)
         role = None if self._role is None else _OpenRole(self._role.role, self._role.content_start, self._role.suffix)
-        branches = [ProgramState(self._run, text=self._text, variables=self._vars, messages=self._messages, role=role)
-                    for _ in range(size)]
+        branches = [ProgramState(self._run, text=self._text, variables=self._vars, messages=self._messages, role=role,
+                                 shared=handle) for _ in range(size)]
         return ForkGroup(branches, self, handle)
 
     def __repr__(self) -> str:
@@ -304,13 +305,16 @@ class ProgramState:
             def on_text(piece: str) -> None:
                 self._append(piece, expr.name)
 
-        out, meta = self._run.backend.generate(self._text, params, expr.site, on_text)
+        shared, self._shared = self._shared, None
+        out, meta = self._run.backend.generate(self._text, params, expr.site, on_text, shared)
         with self._cond:
             self._text = self._text[:start] + out  # a stream's pieces add up to `out`; this keeps it exact
         self._set(expr.name, out, meta)
 
     def _select(self, expr: Select) -> None:
-        scores = self._run.backend.choice_scores(self._text, expr.choices, expr.method.needs_unconditional, expr.site)
+        shared, self._shared = self._shared, None
+        scores = self._run.backend.choice_scores(self._text, expr.choices, expr.method.needs_unconditional, expr.site,
+                                                 shared)
         index, meta = expr.method(scores)
         self._append(expr.choices[index])
         self._set(expr.name, expr.choices[index], meta)
