@@ -17,12 +17,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import requests
-
-T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -65,13 +64,26 @@ class ServerProcess:
             self.proc.kill()
 
 
-def run_clients(call: Callable[[requests.Session, int, int], T | None], clients: int, warmup: float,
-                seconds: float) -> tuple[list[T], int]:
+@dataclass
+class Window:
+    """The measured window of a closed-loop run: every call that ended after `start` (clients start none
+    after `end`), as (time it ended, its result or None for a failure)."""
+
+    start: float
+    end: float
+    calls: list[tuple[float, Any]]
+
+    def inside(self) -> tuple[list[Any], int]:
+        """Results of the calls that ended inside the window, and how many of those failed."""
+        ended = [r for t, r in self.calls if t <= self.end]
+        return [r for r in ended if r is not None], sum(r is None for r in ended)
+
+
+def run_clients(call: Callable[[requests.Session, int, int], Any], clients: int, warmup: float,
+                seconds: float) -> Window:
     """`clients` threads, one keep-alive session each, each calling `call(session, client, i)` the moment its
-    last call returned (None or an exception is an error); returns the results of the calls that ended
-    inside the measured window (after `warmup`, for `seconds`) and how many of those failed."""
-    results: list[list[T]] = [[] for _ in range(clients)]
-    errors = [0] * clients
+    last call returned (None or an exception is a failure), until `warmup + seconds` have passed."""
+    calls: list[list[tuple[float, Any]]] = [[] for _ in range(clients)]
     t_measure = time.monotonic() + warmup
     t_end = t_measure + seconds
 
@@ -84,18 +96,16 @@ def run_clients(call: Callable[[requests.Session, int, int], T | None], clients:
                 except requests.RequestException:
                     result = None
                 i += 1
-                if t_measure <= time.monotonic() <= t_end:
-                    if result is None:
-                        errors[c] += 1
-                    else:
-                        results[c].append(result)
+                ended = time.monotonic()
+                if ended >= t_measure:
+                    calls[c].append((ended, result))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return [r for per in results for r in per], sum(errors)
+    return Window(t_measure, t_end, [x for per in calls for x in per])
 
 
 def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, warmup: float, seconds: float) -> dict:
@@ -105,6 +115,6 @@ def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, wa
         ok = session.post(url, json=body_for(c, i), timeout=120).status_code == 200
         return (time.monotonic() - started) * 1000 if ok else None
 
-    flat, errors = run_clients(call, clients, warmup, seconds)
+    flat, errors = run_clients(call, clients, warmup, seconds).inside()
     p50, p99 = np.percentile(flat, [50, 99]) if flat else (float("nan"), float("nan"))
     return {"rps": len(flat) / seconds, "p50": float(p50), "p99": float(p99), "n": len(flat), "errors": errors}

@@ -65,6 +65,7 @@ def register(commands, bench) -> None:
     g.add_argument("--prefix-tokens", type=int, default=300, help="tokens of the system prompt every request shares")
     g.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
     g.add_argument("--hf-rounds", type=int, default=2, help="timed transformers batches per concurrency")
+    g.add_argument("--single-rounds", type=int, default=5, help="alternating HTTP / in-process single-stream rounds")
     g.add_argument("--baseline-url", default=None, help="an OpenAI-compatible server to compare with "
                                                         "(llama-cpp-python's, on the same GGUF)")
     g.add_argument("--baseline-python", default=None, help="a python with llama-cpp-python[server]: the bench "
