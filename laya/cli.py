@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from laya.precision import PRECISION_ENV, PRECISIONS
+
 
 def register(commands: Any, bench: Any) -> None:
     decide = commands.add_parser("decide", help="answer typed questions about a state with a Laya checkpoint")
@@ -23,14 +25,25 @@ def register(commands: Any, bench: Any) -> None:
     decide.add_argument("--head-max-len", type=int, default=None, help="token budget of the question part")
     decide.add_argument("--min-confidence", type=float, default=None, help="abstain below this answer_confidence")
     decide.add_argument("--device", default="cpu")
+    decide.add_argument("--precision", default=None, choices=PRECISIONS,
+                        help=f"exact (default), int8, bf16 or fast (default: ${PRECISION_ENV}, else exact)")
     decide.set_defaults(func=_decide)
 
-    b = bench.add_parser("decide", help="p50/p95 latency of predict on the billing scenario")
+    b = bench.add_parser("decide", help="predict latency vs the official runtime and the fp32 GEMM rate; "
+                                        "cold start, memory and int8 agreement on request")
     b.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
-    b.add_argument("--iters", type=int, default=50, help="timed predict calls after 5 warm-up calls")
+    b.add_argument("--iters", type=int, default=20, help="timed predict calls of each runtime after 5 warm-up calls")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--precision", default="exact,fast",
+                   help="comma list of our precisions to time (exact, int8, bf16, fast)")
+    b.add_argument("--threads", type=int, default=1, help="intra-op threads of every runtime (the same for all)")
     b.add_argument("--reference", default=None,
                    help="python of a venv with the official laya runtime, timed as the baseline (default: .refvenv)")
+    b.add_argument("--cold", type=int, default=0, metavar="N",
+                   help="also time N fresh processes each (ours, official) to their first answer, with peak RSS")
+    b.add_argument("--agreement", action="store_true",
+                   help="also report fast vs exact on the embedded default over the shipped held-out set")
+    b.add_argument("--no-gemm", action="store_true", help="skip the fp32 GEMM-rate probe")
     b.set_defaults(func=_bench)
 
     _register_train(commands)
@@ -64,7 +77,7 @@ def _decide(args: argparse.Namespace) -> int:
 
     try:
         state, questions = read_state(args.state), read_questions(args.questions)
-        agent = laya.load(args.model, device=args.device)
+        agent = laya.load(args.model, device=args.device, precision=args.precision)
         out = agent.predict(state, questions, max_len=args.max_len, head_max_len=args.head_max_len,
                             min_confidence=args.min_confidence)
     except (ValueError, FileNotFoundError) as exc:
@@ -77,7 +90,14 @@ def _decide(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from laya.bench import run
 
-    return run(args.model, iters=args.iters, device=args.device, reference=args.reference)
+    precisions = tuple(p.strip() for p in args.precision.split(",") if p.strip())
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown or not precisions:
+        print(f"pagoda bench decide: error: --precision: expected a comma list of {', '.join(PRECISIONS)}, "
+              f"got {args.precision!r}", file=sys.stderr)
+        return 2
+    return run(args.model, iters=args.iters, device=args.device, reference=args.reference, precisions=precisions,
+               threads=args.threads, cold=args.cold, agreement=args.agreement, gemm=not args.no_gemm)
 
 
 def _register_train(commands: Any) -> None:

@@ -2,8 +2,9 @@
 
 `prepare` (request thread: validation, tokenisation; `InputError` → 422), `cost` (rows and tokens per
 row, for the batch limits), `run` (model worker: ONE pass over units from many requests, split back per
-unit) and `finish` (request thread: the answer JSON). Heavy imports happen in `load_backend`, in the
-serving process, so the gunicorn master and `pagoda --help` never import torch.
+unit) and `finish` (request thread: the answer JSON); `describe` says what computes. Heavy imports happen
+in `load_backend`, in the serving process, so the gunicorn master and `pagoda --help` never import torch
+(and a Laya model on the CPU engines never does: `laya.load` picks the engine from `--precision`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class LayaBackend:
 
     def finish(self, prepared: Any, outputs: list[Any]) -> dict:
         return self.agent.finish(prepared, outputs)
+
+    def describe(self) -> dict:
+        """The engine that answers (precision, backend, threads), for `/health` and `/stats`."""
+        return self.agent.engine.describe()
 
 
 @dataclass
@@ -89,6 +94,9 @@ class StudentBackend:
     def finish(self, unit: StudentUnit, output: dict) -> dict:
         return output
 
+    def describe(self) -> dict:
+        return {"precision": "student", "backend": "onnxruntime"}
+
 
 def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
     if cfg.student:
@@ -96,13 +104,9 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
 
         student = Student(cfg.student)
         return StudentBackend(student, f"student:{student.name}")
-    import torch
-
     import laya
 
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    agent = laya.load(cfg.model, device=cfg.device)
+    agent = laya.load(cfg.model, device=cfg.device, precision=cfg.precision, threads=cfg.torch_threads or None)
     return LayaBackend(agent, _model_name(cfg.model))
 
 

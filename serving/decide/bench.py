@@ -1,20 +1,29 @@
-"""`pagoda bench serve`: closed-loop clients on `/decide`, cross-request batching off vs on.
+"""`pagoda bench serve`: closed-loop clients on the decision API: batching off vs on, each precision, and the
+official `laya-serve` on the same checkpoint.
 
-Each mode gets its own `pagoda serve` subprocess; at each concurrency level N clients send the next
-request as soon as the last one answered, for `--seconds` after a `--warmup` (`serving.bench`). Figures
-are reported as ratios against the batching-off run made in the same invocation, next to the model-level
-ceiling: what one forward over many requests' rows saves on this model and machine, no HTTP.
+Each mode gets its own server subprocess; at each concurrency level N clients send the next request as
+soon as the last one answered, for `--seconds` after a `--warmup` (`serving.bench`). A Laya model is asked
+through the `/v1/systemone` route, which `pagoda serve` and laya-serve both speak, with the same bodies
+(the preset's questions, explicitly), so every mode does the same work per request. laya-serve (given
+`--reference PYTHON`, a venv with `laya[serve]==0.4.15`) runs with the same thread count; it serves one
+inference at a time. Figures are ratios against batching off and against laya-serve, measured in the same
+invocation, next to the model-level ceiling: what one forward over many requests' rows saves, no HTTP.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import TextIO
 
 import requests
 
-from serving.bench import ServerProcess, closed_loop
+from serving.bench import ServerProcess, closed_loop, free_port
 from serving.decide.config import SHIPPED_PRESETS
 
 STATES = [
@@ -33,57 +42,127 @@ def _rows_per_pass(url: str) -> tuple[int, int]:
     return sum(int(k) * v for k, v in histogram.items()), sum(histogram.values())
 
 
+class LayaServe:
+    """The official `laya-serve` (FastAPI, one inference at a time) from its own venv, serving `model` as "bench"."""
+
+    def __init__(self, python: str, model: str, threads: int, clients: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._cwd = tempfile.TemporaryDirectory()   # laya's import name is ours too: no sources on its path
+        env = {**os.environ, "LAYA_HOST": "127.0.0.1", "LAYA_PORT": str(self.port),
+               "LAYA_EXTRA_MODELS": json.dumps({"bench": str(Path(model).resolve())}), "LAYA_MODELS": "bench",
+               "LAYA_DEFAULT_MODEL": "bench", "LAYA_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+               "LAYA_MAX_CONCURRENT": str(max(64, 2 * clients)), "LAYA_LOG_LEVEL": "warning", "HF_HUB_OFFLINE": "1"}
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([str(Path(python).absolute().parent / "laya-serve")], cwd=self._cwd.name, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"bench serve: laya-serve exited: {self.log.read().decode()[-2000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=5).json().get("loaded"):
+                    return
+            except (requests.RequestException, ValueError):
+                pass
+            time.sleep(0.25)
+        raise SystemExit(f"bench serve: laya-serve was not ready within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._cwd.cleanup()
+
+
+def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
+    """(name, server factory) per mode, in the order they run."""
+    precisions = [p.strip() for p in (getattr(args, "precision", None) or "exact").split(",") if p.strip()]
+    common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads)]
+    for flag, value in (("--model", args.model), ("--student", args.student), ("--max-wait-ms", args.max_wait_ms)):
+        if value is not None:
+            common += [flag, str(value)]
+    if args.student:
+        return [("batching off", lambda: ServerProcess(common + ["--no-batching"])),
+                ("batching on", lambda: ServerProcess(common + ["--batching"]))]
+    modes = [(f"pagoda {precisions[0]}, batching off",
+              lambda: ServerProcess(common + ["--no-batching", "--precision", precisions[0]]))]
+    for p in precisions:
+        modes.append((f"pagoda {p}, batching on", lambda p=p: ServerProcess(common + ["--batching", "--precision", p])))
+    reference = getattr(args, "reference", None)
+    if reference:
+        modes.append(("laya-serve 0.4.15 (fp32)",
+                      lambda: LayaServe(reference, args.model or _default_model(), args.torch_threads or 0, max(levels))))
+    return modes
+
+
+def _default_model() -> str:
+    from laya.paths import default_model_dir
+
+    return str(default_model_dir())
+
+
 def run_bench(args, levels: list[int], out: TextIO) -> int:
     if args.student:
+        route = "/decide"
+
         def body_for(c: int, i: int) -> dict:
             return {"state": f"{STATES[(c + i) % len(STATES)]} (#{c}-{i})"}
     else:
+        import yaml
+
+        route = "/v1/systemone"
+        questions = yaml.safe_load(SHIPPED_PRESETS.read_text())[args.preset]
+
         def body_for(c: int, i: int) -> dict:
-            return {"state": f"{STATES[(c + i) % len(STATES)]} (#{c}-{i})", "preset": args.preset}
-    results: dict[bool, dict[int, dict]] = {}
-    threads = max(64, 2 * max(levels))
-    for batching in (False, True):
-        flags = ["--threads", str(threads), "--batching" if batching else "--no-batching",
-                 "--torch-threads", str(args.torch_threads)]
-        for flag, value in (("--model", args.model), ("--student", args.student),
-                            ("--max-wait-ms", args.max_wait_ms)):
-            if value is not None:
-                flags += [flag, str(value)]
-        server = ServerProcess(flags)
+            return {"state": f"{STATES[(c + i) % len(STATES)]} (#{c}-{i})", "questions": questions, "model": "bench"}
+    modes = _modes(args, levels)
+    results: dict[str, dict[int, dict]] = {}
+    for name, start in modes:
+        server = start()
         try:
             server.wait_ready()
-            results[batching] = {}
+            results[name] = {}
             for clients in levels:
-                before = _rows_per_pass(server.url)
-                results[batching][clients] = stats = closed_loop(server.url + "/decide", body_for, clients,
-                                                                  args.warmup, args.seconds)
-                after = _rows_per_pass(server.url)
-                passes = after[1] - before[1]
-                rows = (after[0] - before[0]) / passes if passes else float("nan")
-                print(f"batching {'on ' if batching else 'off'} clients {clients:>3}: {stats['rps']:8.1f} "
-                      f"decisions/s  p50 {stats['p50']:7.1f} ms  p99 {stats['p99']:7.1f} ms  "
-                      f"({stats['n']} ok, {stats['errors']} errors; {rows:.1f} question rows per forward)",
-                      file=out, flush=True)
+                ours = isinstance(server, ServerProcess)
+                before = _rows_per_pass(server.url) if ours else None
+                results[name][clients] = stats = closed_loop(server.url + route, body_for, clients,
+                                                             args.warmup, args.seconds)
+                rows = float("nan")
+                if ours:
+                    after = _rows_per_pass(server.url)
+                    passes = after[1] - before[1]
+                    rows = (after[0] - before[0]) / passes if passes else float("nan")
+                stats["rows"] = rows
+                print(f"{name:<32} clients {clients:>3}: {stats['rps']:7.2f} req/s  p50 {stats['p50']:8.1f} ms  "
+                      f"p99 {stats['p99']:8.1f} ms  ({stats['n']} ok, {stats['errors']} errors; "
+                      f"{rows:.1f} question rows per forward)", file=out, flush=True)
         finally:
             server.stop()
-    off, on = results[False], results[True]
     if not args.student:
         print(_model_ceiling(args, 16 if 16 in levels else max(levels)), file=out)
-    single_p50 = off[min(levels)]["p50"]
-    print(f"\nmodel: {args.model or args.student or 'laya-mini (embedded default)'}; {args.seconds:g}s per cell; "
-          f"single-client p50 (batching off, {min(levels)} client) {single_p50:.1f} ms", file=out)
-    print("| clients | off dec/s | off p50 ms | off p99 ms | on dec/s | on p50 ms | on p99 ms | on/off dec/s "
-          "| on p99 / single p50 |", file=out)
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|", file=out)
-    def ratio(x: float, y: float) -> float:
-        return x / y if y and y == y else float("nan")
+    off = results[modes[0][0]]
+    ref = next((results[n] for n, _ in modes if n.startswith("laya-serve")), None)
+    print(f"\nmodel: {args.model or args.student or 'laya-mini (embedded default)'}; {args.seconds:g}s per cell "
+          f"after {args.warmup:g}s warm-up; {args.torch_threads} model thread(s) in every server", file=out)
 
+    def ratio(x: float, y: float) -> str:
+        return f"{x / y:.2f}x" if y and y == y else "-"
+
+    print("| clients | mode | req/s | p50 ms | p99 ms | vs batching off | vs laya-serve | rows per forward |", file=out)
+    print("|---:|---|---:|---:|---:|---:|---:|---:|", file=out)
     for c in levels:
-        a, b = off[c], on[c]
-        print(f"| {c} | {a['rps']:.1f} | {a['p50']:.1f} | {a['p99']:.1f} | {b['rps']:.1f} | {b['p50']:.1f} | "
-              f"{b['p99']:.1f} | {ratio(b['rps'], a['rps']):.2f}x | {ratio(b['p99'], single_p50):.2f}x |", file=out)
+        for name, _ in modes:
+            r = results[name][c]
+            print(f"| {c} | {name} | {r['rps']:.2f} | {r['p50']:.0f} | {r['p99']:.0f} | {ratio(r['rps'], off[c]['rps'])} "
+                  f"| {ratio(r['rps'], ref[c]['rps']) if ref else '-'} | {r['rows']:.1f} |", file=out)
     if args.plot:
-        _plot(levels, off, on, Path(args.plot))
+        _plot(levels, results, Path(args.plot))
         print(f"plot: {args.plot}", file=out)
     return 0
 
@@ -92,13 +171,12 @@ def _model_ceiling(args, clients: int) -> str:
     """The most any batcher can gain on this model and machine: one forward over `clients` requests'
     rows against `clients` forwards of one request each, in this process, no HTTP."""
     import numpy as np
-    import torch
     import yaml
 
     import laya
 
-    torch.set_num_threads(args.torch_threads or torch.get_num_threads())
-    agent = laya.load(args.model)
+    precision = (getattr(args, "precision", None) or "exact").split(",")[0]
+    agent = laya.load(args.model, precision=precision, threads=args.torch_threads or None)
     questions = yaml.safe_load(SHIPPED_PRESETS.read_text())[args.preset]
     prepared = [agent.prepare(f"{STATES[i % len(STATES)]} (#{i})", questions) for i in range(clients)]
 
@@ -113,27 +191,27 @@ def _model_ceiling(args, clients: int) -> str:
 
     one = timed(lambda: [agent.forward(p.rows) for p in prepared])
     together = timed(lambda: agent.forward([r for p in prepared for r in p.rows]))
-    return (f"model-level ceiling: {clients} requests' rows in one forward take {together * 1000:.0f} ms vs "
-            f"{one * 1000:.0f} ms one request at a time ({one / together:.2f}x): no batcher can gain more "
-            f"on this model and machine")
+    return (f"model-level ceiling ({agent.plan.precision}): {clients} requests' rows in one forward take "
+            f"{together * 1000:.0f} ms vs {one * 1000:.0f} ms one request at a time ({one / together:.2f}x): no "
+            f"batcher can gain more on this model and machine")
 
 
-def _plot(levels: list[int], off: dict, on: dict, path: Path) -> None:
+def _plot(levels: list[int], results: dict[str, dict[int, dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for label, data in (("batching off", off), ("batching on", on)):
+    for label, data in results.items():
         ax1.plot(levels, [data[c]["rps"] for c in levels], marker="o", label=label)
         ax2.plot(levels, [data[c]["p99"] for c in levels], marker="o", label=label)
-    ax1.set(xlabel="concurrent clients", ylabel="decisions / s", xscale="log", title="throughput")
+    ax1.set(xlabel="concurrent clients", ylabel="requests / s", xscale="log", title="throughput")
     ax2.set(xlabel="concurrent clients", ylabel="p99 latency (ms)", xscale="log", title="tail latency")
     for ax in (ax1, ax2):
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from laya.precision import PRECISIONS
 from serving.flags import Settings, option
 
 SHIPPED_PRESETS = Path(__file__).with_name("presets.yaml")
@@ -19,7 +20,10 @@ class DecideConfig(Settings):
     model: str | None = option(None, "Laya checkpoint folder (default: the embedded laya-mini)")
     student: str | None = option(None, "serve a distilled student folder instead of a Laya checkpoint")
     device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
-    torch_threads: int = option(0, "torch intra-op threads per worker (0: torch's default)", minimum=0)
+    torch_threads: int = option(0, "intra-op threads of the decision model per worker, torch or onnxruntime (0: the "
+                                   "runtime's default)", minimum=0)
+    precision: str | None = option(None, "decision arithmetic: exact (fp32, the default), int8, bf16 (CPUs with AMX "
+                                         "or AVX512-BF16, GPUs) or fast (the best of those this machine has)")
     presets: str = option(str(SHIPPED_PRESETS), "JSON or YAML file of named question sets")
     policy: str | None = option(None, "JSON or YAML file of named rules over answers (returned as `actions`)")
     batching: bool = option(True, "batch questions from concurrent requests into shared forward passes")
@@ -40,6 +44,8 @@ class DecideConfig(Settings):
             raise ValueError(f"{self.where('max_queue')} ({self.max_queue}) must be at least "
                              f"{self.where('max_states')} ({self.max_states}), or a full batch request could "
                              "never be queued")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(f"{self.where('precision')} must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.model and self.student:
             raise ValueError("give either --model or --student, not both")
         for name in ("model", "student"):

@@ -72,7 +72,16 @@ class DecideApi:
         return {"data": data, "presets": sorted(self.presets)}
 
     def stats(self) -> dict:
-        return {**self.service.metrics.stats(), "batching": self.cfg.batching}
+        backend = self.service.backend
+        return {**self.service.metrics.stats(), "batching": self.cfg.batching,
+                "decision_engine": backend.describe() if backend is not None else None}
+
+    def health(self) -> dict:
+        """Its part of `/health`: the CPU's detected features at once, the engine once the model is loaded."""
+        from laya.precision import detect
+
+        backend = self.service.backend if self.service else None
+        return {"decide": {"cpu": detect().summary(), "engine": backend.describe() if backend is not None else None}}
 
     def openapi(self) -> dict:
         return openapi(self.cfg)
