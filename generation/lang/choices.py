@@ -9,7 +9,9 @@ letter); since every choice includes it, it shifts all scores alike when it does
 Three methods, SGLang's three:
 - `token_length_normalized` (the default): the highest mean log-probability per scored token;
 - `greedy_token_selection`: compare choices token by token, keeping those with the best log-probability
-  at each position (a shorter choice continues with its own mean), until one is left;
+  at each position (a shorter choice continues with its own mean), until one is left. Values within
+  `TIE` count as equal: choices sharing their first tokens score those tokens in separate requests,
+  whose last float bits may differ (SGLang compares exactly, so such ties fall either way there);
 - `unconditional_likelihood_normalized`: the highest mean of log p(token | prompt) - log p(token | the
   choice's earlier tokens only), which discounts choices that are likely whatever the prompt says.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Entry = tuple[float, int, str]  # (logprob, token id, token text), SGLang's logprob entry shape
+TIE = 1e-5
 
 
 def scored_from(prompt_tokens: int) -> int:
@@ -78,7 +81,7 @@ class GreedyTokenSelection(ChoiceMethod):
         left = list(range(len(rows)))
         for j in range(width):
             top = max(matrix[i][j] for i in left)
-            left = [i for i in left if matrix[i][j] == top]
+            left = [i for i in left if matrix[i][j] >= top - TIE]
             if len(left) == 1:
                 break
         return left[0], {**scores.meta(), "greedy_logprob_matrix": matrix}
