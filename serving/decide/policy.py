@@ -223,6 +223,19 @@ class Rule:
     text: str
     node: Any
 
+    def paths(self) -> list[tuple[str, ...]]:
+        """The answer paths the rule reads, e.g. `("churn_risk", "noul")`, in the order written: what a caller
+        that knows which questions it asks checks a rule against (the gateway refuses a rule over a question
+        it never asks, which would only ever be null)."""
+        found: list[tuple[str, ...]] = []
+        stack = [self.node]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Lookup):
+                found.append(node.parts)
+            stack.extend(getattr(node, side) for side in ("right", "left", "operand") if hasattr(node, side))
+        return found
+
 
 class Policy:
     """Ordered named rules; `evaluate(answers)` gives `{rule: value}` for a decision's `answers`."""
