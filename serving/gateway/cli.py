@@ -1,0 +1,60 @@
+"""`pagoda gateway` and `pagoda bench gateway`. Registering imports neither torch nor the server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from serving.gateway.config import GatewayConfig
+
+
+def register(commands: Any, bench: Any) -> None:
+    # conflict_handler="resolve": --upstream is re-declared below as a repeatable flag.
+    p = commands.add_parser("gateway", help="one endpoint in front of generation servers (pagoda, vLLM, SGLang, "
+                                            "llama.cpp): pass-through, health checks, routing by a Laya decision",
+                            description="Start the gateway. Every flag also reads PAGODA_<FLAG> from the "
+                                        "environment, and a --config file under that; PAGODA_API_KEY turns on "
+                                        "bearer auth.", conflict_handler="resolve")
+    GatewayConfig.add_arguments(p)
+    p.add_argument("--upstream", action="append", default=None, metavar="NAME=URL",
+                   help="an upstream server; repeat for more; the same NAME twice makes a group of replicas "
+                        "[env PAGODA_UPSTREAM, comma-separated]")
+    p.set_defaults(func=_gateway)
+
+    b = bench.add_parser("gateway", help="added latency and streaming throughput of pagoda gateway vs calling "
+                                         "the upstream directly, and the cost of a routing decision")
+    b.add_argument("--generate-model", default=None, help="the upstream's LLM: HF folder or .gguf (default: a "
+                                                         "tiny random Llama built for the run)")
+    b.add_argument("--rounds", type=int, default=6, help="alternating direct/gateway rounds per measurement")
+    b.add_argument("--requests", type=int, default=60, help="sequential requests per latency round")
+    b.add_argument("--streams", type=int, default=64, help="concurrent streams of the throughput rounds")
+    b.add_argument("--seconds", type=float, default=4.0, help="measured seconds per throughput round")
+    b.add_argument("--new-tokens", type=int, default=16, help="tokens per streamed request")
+    b.add_argument("--model", default=None, help="Laya checkpoint for the decision rows (default: laya-mini)")
+    b.add_argument("--student", default=None, help="a distilled student for the student decision row "
+                                                   "(default: models/students/support-triage when built)")
+    b.add_argument("--skip-decisions", action="store_true", help="only the pass-through rows")
+    b.set_defaults(func=_bench)
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from serving.gateway.rules import Rules
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    try:
+        cfg = GatewayConfig.load(flags)
+        groups = list(dict.fromkeys(spec.group for spec in cfg.upstreams))
+        rules = Rules.load(cfg.route, groups) if cfg.route else Rules.plain(groups)
+    except ValueError as exc:
+        raise SystemExit(f"pagoda gateway: {exc}") from None
+    from serving.gateway.server import GatewayServer
+
+    GatewayServer(cfg, rules).run()
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from serving.gateway.bench import run_bench
+
+    return run_bench(args, out=sys.stdout)
