@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "distill.cli",
     "generation.cli",
     "serving.cli",
+    "serving.gateway.cli",
 )
 
 
