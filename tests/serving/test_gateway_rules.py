@@ -1,0 +1,167 @@
+"""The gateway's settings and rules files, in-process: what a valid file means, and that every bad one is
+refused when the gateway starts with an error naming the rule, question or key (one case also as a real
+`pagoda gateway` process that exits before serving)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from serving_support import REPO
+from urllib3.util import SKIP_HEADER
+
+from serving.gateway.config import GatewayConfig
+from serving.gateway.proxy import request_headers
+from serving.gateway.router import Router, request_state
+from serving.gateway.rules import Rules
+
+GROUPS = ["edge", "frontier"]
+QUESTIONS = {
+    "needs_reasoning": {"type": "noul", "instructions": "Does this need several steps of reasoning?"},
+    "topic": {"type": "choice", "instructions": "What is it about?", "criteria": ["code", "chat", "maths"],
+              "input": "conversation"},
+    "tier": {"type": "score", "instructions": "How demanding is this customer?", "criteria": ["low", "high"],
+             "input": "field:user"},
+}
+
+
+def write(tmp_path, data: dict, name: str = "routes.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def load(tmp_path, data: dict) -> Rules:
+    return Rules.load(write(tmp_path, data), GROUPS)
+
+
+def test_a_valid_file_groups_questions_by_input_and_keeps_rule_order(tmp_path):
+    rules = load(tmp_path, {"questions": QUESTIONS, "routes": {
+        "frontier": "needs_reasoning.noul > 0.7 or topic.choice == 'maths'", "edge": "tier.score < 0.5"},
+        "default": "frontier", "fallback": "edge", "explicit": ["edge"], "budgets": {"max_len": 128}})
+    assert [(a.input, sorted(a.questions)) for a in rules.asks] == [
+        ("last_user", ["needs_reasoning"]), ("conversation", ["topic"]), ("field:user", ["tier"])]
+    assert "input" not in rules.asks[1].questions["topic"]  # laya's definition, without the gateway's key
+    assert [r.name for r in rules.policy.rules] == ["frontier", "edge"]
+    assert (rules.default, rules.fallback, rules.explicit, rules.budgets) == ("frontier", "edge", {"edge"},
+                                                                             {"max_len": 128})
+
+
+def test_without_a_file_the_first_group_is_the_default_and_groups_may_be_named():
+    assert Rules.plain(GROUPS).default == "edge" and Rules.plain(GROUPS).explicit == {"edge", "frontier"}
+    assert Rules.plain(["only"]).explicit == frozenset()  # one group: nothing to name, nothing to parse
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"questions": QUESTIONS, "routes": {"frontier": "reasoning.noul > 0.7"}},
+     ["rule 'frontier'", "question 'reasoning'", "does not ask"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.score > 0.7"}},
+     ["rule 'frontier'", "needs_reasoning.score", "noul question"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "topic.probabilities.physics > 0.5"}},
+     ["rule 'frontier'", "topic.probabilities.physics"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.low_confidence"}},
+     ["rule 'frontier'", "min_confidence"]),
+    ({"questions": QUESTIONS, "routes": {"gpu": "needs_reasoning.noul > 0.7"}},
+     ["rule 'gpu'", "no upstream group 'gpu'"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.noul >"}}, ["rule 'frontier'"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "topic.choice"}}, ["rule 'frontier'", "must be a condition"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.nul > 1"}},
+     ["rule 'frontier'", "unknown answer field 'nul'"]),
+    ({"questions": {"q": {"type": "choice", "instructions": "x"}}}, ["question 'q'", "criteria"]),
+    ({"questions": {"q": {"type": "noul", "instructions": "x", "input": "the body"}}}, ["question 'q'", "input"]),
+    ({"questions": QUESTIONS, "default": "gpu"}, ["default", "'gpu'"]),
+    ({"questions": QUESTIONS, "fallback": "gpu"}, ["fallback", "'gpu'"]),
+    ({"explicit": ["gpu"]}, ["explicit", "'gpu'"]),
+    ({"budgets": {"max_len": 0}}, ["max_len"]),
+    ({"budgets": {"max_length": 10}}, ["budgets", "max_length"]),
+    ({"route": {}}, ["unknown key 'route'"]),
+])
+def test_a_bad_file_is_refused_naming_what_is_wrong(tmp_path, data, words):
+    with pytest.raises(ValueError) as err:
+        load(tmp_path, data)
+    message = str(err.value)
+    assert message.startswith(f"route file {tmp_path}") and all(w in message for w in words), message
+
+
+def test_pagoda_gateway_stops_at_start_naming_the_rule(tmp_path):
+    bad = write(tmp_path, {"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.score > 0.7"}})
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "serving.cli", "gateway", "--upstream", "edge=http://127.0.0.1:9",
+                           "--upstream", "frontier=http://127.0.0.1:10", "--route", bad, "--port", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and time.monotonic() - started < 120
+    assert "pagoda gateway: route file" in done.stderr and "rule 'frontier'" in done.stderr, done.stderr
+    assert "Booting" not in done.stderr  # refused before gunicorn started
+
+
+def test_request_state_reads_what_each_input_names():
+    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first"},
+                         {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+            "user": "gold", "metadata": {"tags": ["x", "y"]}}
+    path = "/v1/chat/completions"
+    assert request_state("last_user", path, chat) == "a\nb"
+    assert request_state("conversation", path, chat)[0] == {"role": "system", "content": "be brief"}
+    assert len(request_state("conversation", path, chat)) == 4
+    assert request_state("field:user", path, chat) == "gold"
+    assert request_state("field:metadata.tags.1", path, chat) == "y"
+    assert request_state("field:metadata.missing", path, chat) is None
+    assert request_state("last_user", "/v1/completions", {"prompt": ["p1", "p2"]}) == "p1\np2"
+    assert request_state("last_user", "/v1/completions", {"prompt": [1, 2, 3]}) is None  # token ids: no text
+    assert request_state("conversation", "/generate", {"text": "t"}) == "t"
+    assert request_state("last_user", path, {"messages": [{"role": "system", "content": "s"}]}) is None
+
+
+def test_explicit_model_names_a_group_only_when_allowed(tmp_path):
+    rules = load(tmp_path, {"explicit": ["frontier"], "default": "edge"})
+    router = Router(rules, None)
+    assert router.route("/v1/chat/completions", {"model": "frontier"}, "r").group == "frontier"
+    assert router.route("/v1/chat/completions", {"model": "frontier"}, "r").reason == "explicit"
+    assert router.route("/v1/chat/completions", {"model": "edge"}, "r").reason == "default"
+    assert router.route("/v1/chat/completions", None, "r").group == "edge"
+
+
+def test_hop_by_hop_headers_are_dropped_and_the_request_id_is_added():
+    sent = request_headers([("Content-Type", "application/json"), ("Connection", "keep-alive, X-Secret"),
+                            ("X-Secret", "1"), ("Keep-Alive", "5"), ("Transfer-Encoding", "chunked"),
+                            ("Host", "gw:8080"), ("Content-Length", "12"), ("Authorization", "Bearer k"),
+                            ("X-Request-ID", "client-id"), ("User-Agent", "openai/1")], "gw-id")
+    assert sent == {"Content-Type": "application/json", "Authorization": "Bearer k", "User-Agent": "openai/1",
+                    "X-Request-ID": "gw-id", "Accept-Encoding": SKIP_HEADER}  # not urllib3's: none was sent
+
+
+def test_settings_come_from_flags_then_variables_then_the_config_file(tmp_path):
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"upstream": {"edge": ["http://a:1", "http://b:2"], "frontier": "http://c:3"},
+                                      "health-interval-s": 0.5, "port": 9000, "retry": True}))
+    cfg = GatewayConfig.load({"config": str(config), "port": 9100}, env={"PAGODA_HEALTH_INTERVAL_S": "0.25"})
+    assert cfg.port == 9100 and cfg.health_interval_s == 0.25 and cfg.retry is True
+    assert [(s.group, s.url) for s in cfg.upstreams] == [("edge", "http://a:1"), ("edge", "http://b:2"),
+                                                         ("frontier", "http://c:3")]
+    cfg = GatewayConfig.load({"upstream": ["x=http://h:1/prefix/"]}, env={"PAGODA_UPSTREAM": "y=http://h:2"})
+    assert [(s.group, s.url, s.base_path) for s in cfg.upstreams] == [("x", "http://h:1", "/prefix")]
+    assert GatewayConfig.load({}, env={"PAGODA_UPSTREAM": "y=http://h:2,z=http://h:3"}).upstreams[1].group == "z"
+
+
+@pytest.mark.parametrize("flags, env, words", [
+    ({}, {}, ["--upstream", "at least one"]),
+    ({"upstream": ["edge"]}, {}, ["'edge'", "NAME=URL"]),
+    ({"upstream": ["edge=ftp://x"]}, {}, ["upstream 'edge'", "http"]),
+    ({"upstream": ["edge=http://x:1", "other=http://x:1"]}, {}, ["given twice"]),
+    ({"upstream": ["edge=http://x:1"]}, {"PAGODA_HEALTH_FAILS": "0"}, ["--health-fails", "at least 1"]),
+    ({"upstream": ["edge=http://x:1"]}, {"PAGODA_RETRY": "maybe"}, ["PAGODA_RETRY", "boolean"]),
+])
+def test_bad_settings_name_the_flag_and_the_variable(flags, env, words):
+    with pytest.raises(ValueError) as err:
+        GatewayConfig.load(flags, env=env)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_a_config_file_key_that_is_no_setting_is_named(tmp_path):
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"upstreams": "edge=http://a:1"}))
+    with pytest.raises(ValueError, match="unknown setting 'upstreams'"):
+        GatewayConfig.load({"config": str(config)}, env={})
