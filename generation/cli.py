@@ -7,6 +7,7 @@ import sys
 import time
 
 from generation.config import CACHE_BACKENDS
+from generation.lang import bench as lang_bench
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -51,6 +52,8 @@ def register(commands, bench) -> None:
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--json", default=None, help="also write the results to this file")
     c.set_defaults(func=_bench_constraints)
+
+    lang_bench.register(bench)
 
 
 def _generate(args: argparse.Namespace) -> int:

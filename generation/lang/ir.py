@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,37 +197,25 @@ def role_block(role: str, expr: Expr | str | None = None, site: CallSite | None 
     return Exprs([RoleBegin(role, site), *inner, RoleEnd(role, site)])
 
 
-def system(expr: Expr | str | None = None) -> Exprs:
-    return role_block("system", expr)
+def _block(role: str) -> Callable[..., Exprs]:
+    def block(expr: Expr | str | None = None) -> Exprs:
+        return role_block(role, expr)
+
+    block.__name__ = block.__qualname__ = role
+    block.__doc__ = f"A {role} block: the chat template's {role} prefix, `expr`, then its suffix."
+    return block
 
 
-def user(expr: Expr | str | None = None) -> Exprs:
-    return role_block("user", expr)
+def _boundary(kind: type[RoleBegin] | type[RoleEnd], role: str) -> Callable[[], RoleBegin | RoleEnd]:
+    name = f"{role}_{'begin' if kind is RoleBegin else 'end'}"
+
+    def boundary() -> RoleBegin | RoleEnd:
+        return kind(role, call_site(f"{name}()"))
+
+    boundary.__name__ = boundary.__qualname__ = name
+    return boundary
 
 
-def assistant(expr: Expr | str | None = None) -> Exprs:
-    return role_block("assistant", expr)
-
-
-def system_begin() -> RoleBegin:
-    return RoleBegin("system", call_site("system_begin()"))
-
-
-def system_end() -> RoleEnd:
-    return RoleEnd("system", call_site("system_end()"))
-
-
-def user_begin() -> RoleBegin:
-    return RoleBegin("user", call_site("user_begin()"))
-
-
-def user_end() -> RoleEnd:
-    return RoleEnd("user", call_site("user_end()"))
-
-
-def assistant_begin() -> RoleBegin:
-    return RoleBegin("assistant", call_site("assistant_begin()"))
-
-
-def assistant_end() -> RoleEnd:
-    return RoleEnd("assistant", call_site("assistant_end()"))
+system, user, assistant = (_block(r) for r in ROLES)
+system_begin, user_begin, assistant_begin = (_boundary(RoleBegin, r) for r in ROLES)
+system_end, user_end, assistant_end = (_boundary(RoleEnd, r) for r in ROLES)
