@@ -1,6 +1,11 @@
-"""The Agent API others build on: load, predict, the prepare/forward/finish split, batching, determinism."""
+"""The Agent API others build on: load, predict, the prepare/forward/finish split, batching, determinism.
+
+Every engine is held to the same determinism: onnxruntime exact and int8 (the CPU paths) and the torch
+module (GPUs, bf16, fallback), each bit-identical on repeat and whatever shares a forward.
+"""
 
 import pytest
+from engine_support import torch_agent
 
 import laya
 from laya.scenarios import load as scenario
@@ -8,9 +13,12 @@ from laya.scenarios import load as scenario
 STATE, QUESTIONS = scenario("billing")
 
 
-@pytest.fixture(scope="module", params=["modernbert", "bert"])
+@pytest.fixture(scope="module", params=[(arch, engine) for arch in ("modernbert", "bert")
+                                        for engine in ("exact", "int8", "torch")], ids=lambda p: "-".join(p))
 def agent(request, laya_tiny_modernbert, laya_tiny_bert):
-    return laya.load(laya_tiny_modernbert if request.param == "modernbert" else laya_tiny_bert)
+    arch, engine = request.param
+    path = laya_tiny_modernbert if arch == "modernbert" else laya_tiny_bert
+    return torch_agent(path) if engine == "torch" else laya.load(path, precision=engine)
 
 
 def test_predict_shape(agent):
@@ -74,8 +82,20 @@ def test_import_laya_is_cheap(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
 
 
+@pytest.mark.parametrize("precision", ["exact", "int8"])
+def test_cpu_engines_decide_without_torch(tmp_path, laya_tiny_modernbert, precision):
+    """The onnxruntime engines load and answer without ever importing torch or transformers."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, laya\nfrom laya.scenarios import load\ns, q = load()\n"
+            f"laya.load({laya_tiny_modernbert!r}, precision={precision!r}).predict(s, q)\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
 def test_inference_path_equals_training_forward(agent):
-    """`LayaModel.infer` (last head layer only where read, per row) == the differentiable `forward`."""
+    """`LayaModel.infer` (last head layer only where read, fixed-shape tail) == the differentiable `forward`."""
     import torch
 
     from laya.batching import collate

@@ -1,0 +1,75 @@
+"""Which precision runs where: features read from the CPU, bf16 refused without its units, `fast` picking
+what the machine has, the variable and the argument, and the bf16 path itself (run here on CPU with the
+units faked: the arithmetic is emulated, so only the selection and the determinism are what a CPU with
+AMX would see)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import laya
+from laya import precision
+from laya.precision import CpuFeatures, parse_cpuinfo, plan
+from laya.scenarios import load as scenario
+
+STATE, QUESTIONS = scenario("billing")
+AVX2 = CpuFeatures("Zen 3", frozenset({"avx2", "fma"}), 2)
+VNNI = CpuFeatures("Cascade Lake", frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}), 8)
+AMX = CpuFeatures("Sapphire Rapids", frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"}), 16)
+
+
+def test_cpuinfo_flags_are_parsed():
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t: x\n"
+    assert parse_cpuinfo(text) == ("AMD EPYC 7B13", frozenset({"fpu", "avx2", "fma"}))
+    here = precision.detect()
+    assert here.summary()["cores"] >= 1 and set(here.summary()["flags"]) <= here.flags
+
+
+def test_bf16_needs_its_units_and_says_so():
+    with pytest.raises(ValueError, match="amx_bf16 or avx512_bf16.*Zen 3.*'int8'"):
+        plan("bf16", cpu=AVX2)
+    p = plan("bf16", cpu=AMX)
+    assert (p.precision, p.backend) == ("bf16", "torch") and "amx_bf16" in p.reason
+
+
+def test_fast_picks_what_the_cpu_has():
+    assert plan("fast", cpu=AMX).precision == "bf16"
+    avx2, vnni = plan("fast", cpu=AVX2), plan("fast", cpu=VNNI)
+    assert (avx2.precision, avx2.backend) == ("int8", "onnxruntime") and "no VNNI" in avx2.reason
+    assert vnni.precision == "int8" and "avx512_vnni" in vnni.reason
+    assert plan(None, cpu=AVX2).precision == "exact" and plan("exact", cpu=AMX).backend == "onnxruntime"
+
+
+def test_gpu_plans():
+    assert plan("exact", device="cuda").backend == "torch"
+    assert plan("fast", device="cuda:1").precision == "bf16"
+    with pytest.raises(ValueError, match="CPU only"):
+        plan("int8", device="cuda")
+
+
+def test_variable_and_argument(monkeypatch, laya_tiny_bert):
+    monkeypatch.setenv("PAGODA_PRECISION", "int8")
+    assert laya.load(laya_tiny_bert).plan.precision == "int8"
+    assert laya.load(laya_tiny_bert, precision="exact").plan.precision == "exact"   # the argument wins
+    monkeypatch.setenv("PAGODA_PRECISION", "fp8")
+    with pytest.raises(ValueError, match=r"\$PAGODA_PRECISION.*fp8"):
+        laya.load(laya_tiny_bert)
+    with pytest.raises(ValueError, match="precision: expected one of exact, int8, bf16, fast"):
+        laya.load(laya_tiny_bert, precision="half")
+
+
+def test_bf16_runs_on_torch_deterministically(monkeypatch, laya_tiny_modernbert):
+    monkeypatch.setattr(precision, "detect", lambda: AMX)
+    agent = laya.load(laya_tiny_modernbert, precision="fast")
+    assert agent.plan.precision == "bf16" and agent.engine.describe()["rows_per_forward"] == 1
+    exact = laya.load(laya_tiny_modernbert)
+    states = [STATE, "the server is down", ["user: hi", "user: cancel"]]
+    rows = [r for s in states for r in agent.prepare(s, QUESTIONS).rows]
+    together, again = agent.forward(rows), agent.forward(rows)
+    alone = [o for s in states for o in agent.forward(agent.prepare(s, QUESTIONS).rows)]
+    for a, b, c in zip(together, again, alone):
+        assert np.array_equal(a.logits, b.logits) and np.array_equal(a.logits, c.logits)
+        assert np.array_equal(a.act_probabilities, c.act_probabilities)
+    gap = max(np.abs(a.logits - r.logits).max() for a, r in zip(together, exact.forward(rows)))
+    assert 0 < gap < 0.3, gap   # really bf16, and close
