@@ -1,0 +1,69 @@
+"""`--precision`: validated by name, honoured by a real server, and int8 batches stay bit-identical to alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+from serving_support import BILLING_STATE, TINY_BERT, ServerProcess
+
+import laya
+from serving.decide.backend import LayaBackend
+from serving.decide.batcher import Batcher, BatchLimits
+from serving.decide.config import DecideConfig
+from serving.decide.metrics import DecideMetrics
+from serving.decide.routes import DecideApi
+
+
+def test_precision_setting_is_checked_and_read_from_the_environment():
+    with pytest.raises(ValueError, match="--precision / PAGODA_PRECISION must be one of exact, int8, bf16, fast"):
+        DecideConfig(precision="half")
+    assert DecideConfig.from_sources({}, {"PAGODA_PRECISION": "int8"}).precision == "int8"
+    assert DecideConfig.from_sources({"precision": "exact"}, {"PAGODA_PRECISION": "int8"}).precision == "exact"
+
+
+def test_int8_batches_equal_int8_alone(billing_questions):
+    agent = laya.load(TINY_BERT, precision="int8")
+    backend = LayaBackend(agent, "tiny")
+    metrics = DecideMetrics()
+    batcher = Batcher(backend.run, BatchLimits(max_wait_ms=50), metrics)
+    work = [backend.prepare(f"{BILLING_STATE[: 12 + 9 * i]} #{i}", billing_questions, {}) for i in range(10)]
+    outputs: dict[int, list] = {}
+
+    def submit(i: int) -> None:
+        outputs[i] = batcher.submit([work[i]], [backend.cost(work[i])], time.monotonic() + 60).wait()[0]
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batcher.stop()
+    assert max(int(k) for k in metrics.stats()["batch_size_histogram"]) > 3  # requests really shared passes
+    for i, prepared in enumerate(work):
+        for got, alone in zip(outputs[i], agent.forward(prepared.rows)):
+            assert np.array_equal(got.logits, alone.logits)
+            assert np.array_equal(got.act_probabilities, alone.act_probabilities)
+
+
+def test_health_part_reports_cpu_and_engine():
+    api = DecideApi(DecideConfig(presets=""), 30.0, backend=LayaBackend(laya.load(TINY_BERT, precision="int8"), "tiny"))
+    api.start(__import__("prometheus_client").CollectorRegistry())
+    part = api.health()["decide"]
+    assert part["cpu"]["flags"] is not None and part["engine"]["precision"] == "int8"
+    assert api.stats()["decision_engine"]["backend"] == "onnxruntime"
+
+
+def test_server_answers_at_the_precision_it_was_given(tmp_path, billing_questions):
+    server = ServerProcess(tmp_path / "int8.log", ["--model", str(TINY_BERT), "--precision", "int8"]).running()
+    try:
+        engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
+        assert engine["precision"] == "int8" and engine["requested"] == "int8"
+        got = requests.post(server.url + "/decide", json={"state": BILLING_STATE, "questions": billing_questions},
+                            timeout=60).json()
+        assert got["answers"] == laya.load(TINY_BERT, precision="int8").predict(BILLING_STATE, billing_questions)["answers"]
+    finally:
+        server.stop()
