@@ -84,7 +84,7 @@ class GenerateApi:
     def _openai(self, parse: Callable, answer: Callable, stream: Callable) -> Any:
         req = parse(self._body(), self.cfg)
         run = self.service.start(req, g.t0)
-        return event_stream(stream(run, self.service, g.request_id)) if req.stream else answer(run, self.service)
+        return event_stream(stream(run, self.service, g.request_id), run) if req.stream else answer(run, self.service)
 
     # Pins.
 
@@ -106,7 +106,7 @@ class GenerateApi:
         req = generate_request(self._body(), self.cfg)
         run = self.service.start(req, g.t0, lambda ids: sglang.prompt_logprobs_from(req, ids))
         if req.stream:
-            return event_stream(sglang.generate_stream(run, self.service, g.request_id))
+            return event_stream(sglang.generate_stream(run, self.service, g.request_id), run)
         return sglang.generate(run, self.service)
 
     def model_info(self) -> dict:

@@ -69,6 +69,7 @@ class Run:
         self._last: dict[int, float] = {}
         self._gaps: list[float] = []
         self._done = False
+        self._observed = False
 
     @property
     def n_choices(self) -> int:
@@ -95,10 +96,18 @@ class Run:
                         self._gaps.append(now - self._last[event.index])
                     self._last[event.index] = now
                 yield event.index, event
-            self._done = True
+            self._done = True  # everything ended on its own: nothing to abort
         finally:
-            if not self._done:
-                self.batch.abort()
+            self.close()
+
+    def close(self) -> None:
+        """Abort every choice still running (a client gone, even before its stream began) and count the
+        request once; idempotent."""
+        if not self._done:
+            self._done = True
+            self.batch.abort()
+        if not self._observed:
+            self._observed = True
             self._observe()
 
     def wait(self) -> list[Any]:

@@ -22,5 +22,9 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def event_stream(events: Iterator[str]) -> Response:
-    return Response(events, mimetype="text/event-stream", headers=HEADERS)
+def event_stream(events: Iterator[str], run: Any) -> Response:
+    """`run` is aborted when the server closes the response, also when the stream never started (the
+    client left before the first event): a generator that never ran has no `finally` to do it."""
+    response = Response(events, mimetype="text/event-stream", headers=HEADERS)
+    response.call_on_close(run.close)
+    return response
