@@ -258,6 +258,7 @@ class LayaGraph:
     def _start(self) -> None:
         self.b = _Builder()
         self._shared: dict[str, str] = {}
+        self._quantized: dict[str, tuple[str, str]] = {}
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the checkpoint must hold for this graph (the names `LayaModel.state_dict` uses)."""
@@ -306,9 +307,13 @@ class LayaGraph:
         scale = np.abs(w).max(axis=1) / self.qmax
         scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
         wq = np.clip(np.rint(w / scale[:, None]), -self.qmax, self.qmax).astype(np.int8)
-        amax = b.op("Max", b.op("ReduceMax", b.op("Abs", x), b.const([1], np.int64), keepdims=1),
-                    b.const(np.float32(1e-30)))
-        u8 = b.op("QuantizeLinear", b.op("Div", x, amax), b.const(np.float32(1 / 127)), b.const(np.uint8(128), np.uint8))
+        if x not in self._quantized:   # q, k and v (and GeGLU's halves) share one quantised input
+            amax = b.op("Max", b.op("ReduceMax", b.op("Abs", x), b.const([1], np.int64), keepdims=1),
+                        b.const(np.float32(1e-30)))
+            u8 = b.op("QuantizeLinear", b.op("Div", x, amax), b.const(np.float32(1 / 127)),
+                      b.const(np.uint8(128), np.uint8))
+            self._quantized[x] = (u8, amax)
+        u8, amax = self._quantized[x]
         y = b.op("MatMulIntegerToFloat", u8, b.weight(wq.T, "wq"), b.const(np.float32(1 / 127)),
                  b.weight(scale, "ws"), b.const(np.uint8(128), np.uint8), domain=MS_DOMAIN)
         y = b.op("Mul", y, amax)
@@ -334,12 +339,11 @@ class LayaGraph:
 
     def attention(self, q: str, k: str, v: str, q_starts: str, kv_starts: str, heads: int,
                   window: int | None = None) -> str:
-        """softmax(q k^T / sqrt(hd)) v per row; row r's queries are q[q_starts[r]:q_starts[r+1]] and it
-        attends to k, v[kv_starts[r]:kv_starts[r+1]]; `window`: only |i - j| <= window (same positions)."""
+        """softmax(q k^T / sqrt(hd)) v per row, in an ONNX Loop over rows (one fused attention op per row,
+        over exactly that row's tokens); row r's queries are q[q_starts[r]:q_starts[r+1]] and it attends to
+        k, v[kv_starts[r]:kv_starts[r+1]]; `window`: only |i - j| <= window (same positions)."""
         from onnx import TensorProto
 
-        d = self.spec.hidden
-        h, hd = heads, d // heads
         outer = self.b
         body = _Builder(prefix=outer.fresh("loop") + "/")
         one, zero = body.const([1], np.int64), body.const([0], np.int64)
@@ -350,20 +354,18 @@ class LayaGraph:
             hi = body.op("Unsqueeze", body.op("Gather", starts, i1), zero)
             return body.op("Slice", x, lo, hi, zero)
 
-        heads_shape = body.const([-1, h, hd], np.int64)
-        qh = body.op("Transpose", body.op("Reshape", rows_of(q, q_starts, "i"), heads_shape), perm=[1, 0, 2])
-        kh = body.op("Transpose", body.op("Reshape", rows_of(k, kv_starts, "i"), heads_shape), perm=[1, 2, 0])
-        vh = body.op("Transpose", body.op("Reshape", rows_of(v, kv_starts, "i"), heads_shape), perm=[1, 0, 2])
-        scores = body.op("Mul", body.op("MatMul", qh, kh), body.const(np.float32(hd ** -0.5)))
+        qr, kr, vr = (body.op("Unsqueeze", rows_of(x, st, "i"), zero)
+                      for x, st in ((q, q_starts), (k, kv_starts), (v, kv_starts)))
+        extra = []
         if window is not None:
-            n = body.op("Shape", kh, start=2)
+            n = body.op("Shape", kr, start=1, end=2)
             idx = body.op("Range", body.const(0, np.int64), body.op("Squeeze", n), body.const(1, np.int64))
             dist = body.op("Abs", body.op("Sub", body.op("Unsqueeze", idx, one), body.op("Unsqueeze", idx, zero)))
             far = body.op("Greater", dist, body.const(window, np.int64))
-            scores = body.op("Add", scores, body.op("Where", far, body.const(np.float32(-np.inf)),
-                                                    body.const(np.float32(0.0))))
-        out = body.op("MatMul", body.op("Softmax", scores, axis=-1), vh)
-        out = body.op("Reshape", body.op("Transpose", out, perm=[1, 0, 2]), body.const([-1, d], np.int64))
+            bias = body.op("Where", far, body.const(np.float32(-np.inf)), body.const(np.float32(0.0)))
+            extra = ["", "", body.op("Unsqueeze", bias, body.const([0, 1], np.int64))]
+        out = body.op("MultiHeadAttention", qr, kr, vr, *extra, domain=MS_DOMAIN, num_heads=heads)
+        out = body.op("Squeeze", out, zero)
         body.nodes.append(body.helper.make_node("SequenceInsert", ["seq_in", out], ["seq_out"]))
         body.nodes.append(body.helper.make_node("Identity", ["cond_in"], ["cond_out"]))
         helper = body.helper
@@ -383,21 +385,19 @@ class LayaGraph:
 
     # -- encoders -----------------------------------------------------------------------------------
 
-    def _rotary(self, x: str, cos: str, sin: str) -> str:
-        """x * cos + rotate_half(x) * sin per head, with cos/sin [T, 1, hd] gathered by position."""
-        b, h, hd, d = self.b, self.spec.heads, self.spec.head_dim, self.spec.hidden
-        xh = b.op("Reshape", x, b.const([-1, h, hd], np.int64))
-        x1, x2 = b.op("Split", xh, b.const([hd // 2, hd // 2], np.int64), axis=-1, n_out=2)
-        rot = b.op("Concat", b.op("Neg", x2), x1, axis=-1)
-        out = b.op("Add", b.op("Mul", xh, cos), b.op("Mul", rot, sin))
-        return b.op("Reshape", out, b.const([-1, d], np.int64))
+    def _rotary(self, x: str, positions: str, cos: str, sin: str) -> str:
+        """Rotary embedding, rotate-half convention, by each token's position in its own row (one fused op)."""
+        b, h = self.b, self.spec.heads
+        out = b.op("RotaryEmbedding", b.op("Unsqueeze", x, b.const([0], np.int64)), positions, cos, sin,
+                   domain=MS_DOMAIN, interleaved=0, num_heads=h)
+        return b.op("Squeeze", out, b.const([0], np.int64))
 
     def _rope_tables(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of position * inverse frequency, [max positions, head_dim / 2], as transformers computes."""
         hd = self.spec.head_dim
         inv_freq = (1.0 / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))))
         freqs = np.arange(self.spec.max_positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None]
-        emb = np.concatenate([freqs, freqs], axis=-1)
-        return np.cos(emb)[:, None, :].astype(np.float32), np.sin(emb)[:, None, :].astype(np.float32)
+        return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
     def _embedding(self, name: str, ids: str) -> str:
         """Rows of an embedding table; an F16 table stays F16 in memory and rows are widened as read."""
@@ -412,23 +412,25 @@ class LayaGraph:
         x = self.norm(self._embedding(p + "embeddings.tok_embeddings.weight", ids), p + "embeddings.norm", s.eps,
                       s.norm_bias)
         tables = {}
+        pos = b.op("Unsqueeze", positions, b.const([0], np.int64))
         for t in sorted(set(s.layer_types)):
             cos, sin = self._rope_tables(s.rope_theta[t])
-            tables[t] = (b.op("Gather", b.weight(cos, "cos"), positions), b.op("Gather", b.weight(sin, "sin"), positions))
+            tables[t] = (b.weight(cos, "cos"), b.weight(sin, "sin"))
         bias = (lambda n: n) if s.attention_bias else (lambda n: None)
         for i, t in enumerate(s.layer_types):
             lp = f"{p}layers.{i}."
             a = x if i == 0 else self.norm(x, lp + "attn_norm", s.eps, s.norm_bias)
-            qkv = self.linear(a, lp + "attn.Wqkv.weight", bias(lp + "attn.Wqkv.bias"))
-            q, k, v = b.op("Split", qkv, b.const([s.hidden] * 3, np.int64), axis=-1, n_out=3)
+            # One GEMM per output slice rather than a Split of one: no copy of [T, 3d] afterwards.
+            q, k, v = (self.linear(a, lp + "attn.Wqkv.weight", bias(lp + "attn.Wqkv.bias"),
+                                   rows=slice(j * s.hidden, (j + 1) * s.hidden)) for j in range(3))
             cos, sin = tables[t]
-            attn = self.attention(self._rotary(q, cos, sin), self._rotary(k, cos, sin), v, starts, starts, s.heads,
+            attn = self.attention(self._rotary(q, pos, cos, sin), self._rotary(k, pos, cos, sin), v, starts, starts, s.heads,
                                   s.window if t == "sliding_attention" else None)
             x = b.op("Add", x, self.linear(attn, lp + "attn.Wo.weight", bias(lp + "attn.Wo.bias")))
             m = self.norm(x, lp + "mlp_norm", s.eps, s.norm_bias)
             mb = (lambda n: n) if s.mlp_bias else (lambda n: None)
-            wi = self.linear(m, lp + "mlp.Wi.weight", mb(lp + "mlp.Wi.bias"))
-            inp, gate = b.op("Split", wi, b.const([s.intermediate] * 2, np.int64), axis=-1, n_out=2)
+            inp, gate = (self.linear(m, lp + "mlp.Wi.weight", mb(lp + "mlp.Wi.bias"),
+                                     rows=slice(j * s.intermediate, (j + 1) * s.intermediate)) for j in range(2))
             x = b.op("Add", x, self.linear(b.op("Mul", self.act(inp, s.activation), gate), lp + "mlp.Wo.weight",
                                            mb(lp + "mlp.Wo.bias")))
         return self.norm(x, p + "final_norm", s.eps, s.norm_bias)
