@@ -49,6 +49,7 @@ def register(commands, bench) -> None:
     c.add_argument("--engines", default="xgrammar,llguidance,outlines-core", help="candidates to compare (installed ones)")
     c.add_argument("--steps", type=int, default=200, help="mask steps per schema at batch 1 (a quarter at batch 32)")
     c.add_argument("--new-tokens", type=int, default=32)
+    c.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size (the best counts)")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--json", default=None, help="also write the results to this file")
     c.set_defaults(func=_bench_constraints)
@@ -112,7 +113,7 @@ def _bench_constraints(args: argparse.Namespace) -> int:
         results["engines"] = compare_engines(args.engines.split(","), steps=args.steps, threads=args.threads,
                                              model=args.model)
     if args.part in ("decode", "all"):
-        results["decode"] = run_decode(args.model, new_tokens=args.new_tokens, threads=args.threads)
+        results["decode"] = run_decode(args.model, new_tokens=args.new_tokens, rounds=args.rounds, threads=args.threads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)

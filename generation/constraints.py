@@ -326,7 +326,6 @@ class GrammarProcessor(LogitsProcessor):
     def apply_batch(cls, processors: list[LogitsProcessor], prompt_ids: list[Sequence[int]],
                     output_ids: list[Sequence[int]], logits: torch.Tensor, rows: list[int]) -> None:
         """One bitmask for all rows, filled by llguidance's pool in one call, applied with one masked fill."""
-        import numpy as np
         import torch
 
         procs: list[GrammarProcessor] = processors  # type: ignore[assignment]
@@ -336,15 +335,29 @@ class GrammarProcessor(LogitsProcessor):
         bitmask = torch.zeros((len(procs), words), dtype=torch.int32)
         _executor().unsafe_compute_mask_ptr([(p.matcher, i) for i, p in enumerate(procs)], bitmask.data_ptr(),
                                             words * 4, len(procs))
-        allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        allowed = unpack_bitmask(bitmask)
         for i, p in enumerate(procs):
             if p.stopped:  # ended on one of its own stop tokens: nothing follows but the end
                 allowed[i] = 0
                 allowed[i, p.compiled.vocabulary.eos_ids[0]] = 1
             elif p.extra_stops:  # the request's own stop tokens follow EOS: allowed exactly when it is
                 allowed[i, list(p.extra_stops)] = allowed[i, p.compiled.vocabulary.eos_ids[0]]
-        blocked = torch.from_numpy(allowed[:, : logits.shape[-1]] == 0)
-        if rows == list(range(rows[0], rows[0] + len(rows))):
-            logits[rows[0]: rows[0] + len(rows)].masked_fill_(blocked, float("-inf"))
-        else:
-            logits[rows] = logits[rows].masked_fill(blocked, float("-inf"))
+        mask_logits(logits, allowed, rows)
+
+
+def unpack_bitmask(bitmask: torch.Tensor):
+    """[rows, words] int32 bitmask (bit t of a row: token t allowed) -> [rows, 32 * words] uint8 0/1."""
+    import numpy as np
+
+    return np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+
+
+def mask_logits(logits: torch.Tensor, allowed, rows: list[int]) -> None:
+    """Set `logits[rows[i], t]` to -inf wherever `allowed[i, t]` is 0, with one masked fill."""
+    import torch
+
+    blocked = torch.from_numpy(allowed[:, : logits.shape[-1]] == 0)
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        logits[rows[0]: rows[0] + len(rows)].masked_fill_(blocked, float("-inf"))
+    else:
+        logits[rows] = logits[rows].masked_fill(blocked, float("-inf"))
