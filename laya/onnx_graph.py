@@ -308,15 +308,15 @@ class LayaGraph:
         scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
         wq = np.clip(np.rint(w / scale[:, None]), -self.qmax, self.qmax).astype(np.int8)
         if x not in self._quantized:   # q, k and v (and GeGLU's halves) share one quantised input
-            amax = b.op("Max", b.op("ReduceMax", b.op("Abs", x), b.const([1], np.int64), keepdims=1),
-                        b.const(np.float32(1e-30)))
-            u8 = b.op("QuantizeLinear", b.op("Div", x, amax), b.const(np.float32(1 / 127)),
-                      b.const(np.uint8(128), np.uint8))
-            self._quantized[x] = (u8, amax)
-        u8, amax = self._quantized[x]
-        y = b.op("MatMulIntegerToFloat", u8, b.weight(wq.T, "wq"), b.const(np.float32(1 / 127)),
-                 b.weight(scale, "ws"), b.const(np.uint8(128), np.uint8), domain=MS_DOMAIN)
-        y = b.op("Mul", y, amax)
+            amax = b.op("ReduceMax", b.op("Abs", x), b.const([1], np.int64), keepdims=0)
+            step = b.op("Max", b.op("Mul", amax, b.const(np.float32(1 / 127))), b.const(np.float32(1e-30)))
+            zero_points = b.op("Expand", b.const(np.uint8(128), np.uint8), b.op("Shape", step))
+            u8 = b.op("QuantizeLinear", x, step, zero_points, axis=0)     # per token: its own step
+            self._quantized[x] = (u8, b.op("Unsqueeze", step, b.const([1], np.int64)))
+        u8, step = self._quantized[x]
+        y = b.op("MatMulIntegerToFloat", u8, b.weight(wq.T, "wq"), b.const(np.float32(1.0)), b.weight(scale, "ws"),
+                 b.const(np.uint8(128), np.uint8), domain=MS_DOMAIN)
+        y = b.op("Mul", y, step)
         return y if bias is None else b.op("Add", y, b.weight(bias, "bias"))
 
     def norm(self, x: str, prefix: str, eps: float, bias: bool = True) -> str:
@@ -342,33 +342,26 @@ class LayaGraph:
         """softmax(q k^T / sqrt(hd)) v per row, in an ONNX Loop over rows (one fused attention op per row,
         over exactly that row's tokens); row r's queries are q[q_starts[r]:q_starts[r+1]] and it attends to
         k, v[kv_starts[r]:kv_starts[r+1]]; `window`: only |i - j| <= window (same positions)."""
-        from onnx import TensorProto
+        from onnx import TensorProto, helper
 
-        outer = self.b
-        body = _Builder(prefix=outer.fresh("loop") + "/")
-        one, zero = body.const([1], np.int64), body.const([0], np.int64)
-
-        def rows_of(x: str, starts: str, i: str) -> str:
-            i1 = body.op("Add", i, body.const(1, np.int64))
-            lo = body.op("Unsqueeze", body.op("Gather", starts, i), zero)
-            hi = body.op("Unsqueeze", body.op("Gather", starts, i1), zero)
-            return body.op("Slice", x, lo, hi, zero)
-
-        qr, kr, vr = (body.op("Unsqueeze", rows_of(x, st, "i"), zero)
-                      for x, st in ((q, q_starts), (k, kv_starts), (v, kv_starts)))
+        b = self.b
+        body = _Builder(prefix=b.fresh("loop") + "/")
+        axis1 = body.const([1], np.int64)
+        q_lo, q_hi = (body.op("Gather", bound, "i") for bound in self._bounds(q_starts))
+        kv_lo, kv_hi = (q_lo, q_hi) if kv_starts == q_starts else (body.op("Gather", bound, "i")
+                                                                   for bound in self._bounds(kv_starts))
+        qr = body.op("Slice", self._batched(q), q_lo, q_hi, axis1)        # [1, n_q, d]
+        kr = body.op("Slice", self._batched(k), kv_lo, kv_hi, axis1)
+        vr = body.op("Slice", self._batched(v), kv_lo, kv_hi, axis1)
         extra = []
-        if window is not None:
-            n = body.op("Shape", kr, start=1, end=2)
-            idx = body.op("Range", body.const(0, np.int64), body.op("Squeeze", n), body.const(1, np.int64))
-            dist = body.op("Abs", body.op("Sub", body.op("Unsqueeze", idx, one), body.op("Unsqueeze", idx, zero)))
-            far = body.op("Greater", dist, body.const(window, np.int64))
-            bias = body.op("Where", far, body.const(np.float32(-np.inf)), body.const(np.float32(0.0)))
-            extra = ["", "", body.op("Unsqueeze", bias, body.const([0, 1], np.int64))]
+        if window is not None:   # the row's corner of one [1, 1, L, L] table built per call
+            n = body.op("Sub", kv_hi, kv_lo)
+            bias = body.op("Slice", self._window_bias(kv_starts, window), body.const([0, 0], np.int64),
+                           body.op("Concat", n, n, axis=0), body.const([2, 3], np.int64))
+            extra = ["", "", bias]
         out = body.op("MultiHeadAttention", qr, kr, vr, *extra, domain=MS_DOMAIN, num_heads=heads)
-        out = body.op("Squeeze", out, zero)
-        body.nodes.append(body.helper.make_node("SequenceInsert", ["seq_in", out], ["seq_out"]))
-        body.nodes.append(body.helper.make_node("Identity", ["cond_in"], ["cond_out"]))
-        helper = body.helper
+        body.nodes.append(helper.make_node("SequenceInsert", ["seq_in", out], ["seq_out"]))
+        body.nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
         graph = helper.make_graph(
             body.nodes, body.prefix + "body",
             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
@@ -377,11 +370,42 @@ class LayaGraph:
             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
              helper.make_tensor_sequence_value_info("seq_out", TensorProto.FLOAT, None)],
             body.constants)
-        b = outer
         n_rows = b.op("Squeeze", b.op("Sub", b.op("Shape", q_starts), b.const([1], np.int64)))
-        seq = b.op("SequenceEmpty", dtype=TensorProto.FLOAT)
-        seq = b.op("Loop", n_rows, b.const(True, np.bool_), seq, body=graph)
-        return b.op("ConcatFromSequence", seq, axis=0)
+        seq = b.op("Loop", n_rows, b.const(True, np.bool_), b.op("SequenceEmpty", dtype=TensorProto.FLOAT), body=graph)
+        return b.op("Squeeze", b.op("ConcatFromSequence", seq, axis=1), b.const([0], np.int64))
+
+    def _bounds(self, starts: str) -> tuple[str, str]:
+        """[R, 1] first and one-past-last token of each row, computed once per graph for `starts`."""
+        key = "bounds:" + starts
+        if key not in self._shared:
+            b = self.b
+            lo = b.op("Slice", starts, b.const([0], np.int64), b.const([-1], np.int64))
+            hi = b.op("Slice", starts, b.const([1], np.int64), b.const([np.iinfo(np.int64).max], np.int64))
+            self._shared[key] = (b.op("Unsqueeze", lo, b.const([1], np.int64)),
+                                 b.op("Unsqueeze", hi, b.const([1], np.int64)))
+        return self._shared[key]
+
+    def _batched(self, x: str) -> str:
+        """[T, d] as [1, T, d], the layout the fused attention op takes."""
+        key = "batched:" + x
+        if key not in self._shared:
+            self._shared[key] = self.b.op("Unsqueeze", x, self.b.const([0], np.int64))
+        return self._shared[key]
+
+    def _window_bias(self, starts: str, window: int) -> str:
+        """[1, 1, L, L] additive bias, 0 where |i - j| <= window and -inf elsewhere, L the longest row."""
+        key = f"window:{starts}:{window}"
+        if key not in self._shared:
+            b = self.b
+            lo, hi = self._bounds(starts)
+            longest = b.op("ReduceMax", b.op("Sub", hi, lo), keepdims=0)
+            idx = b.op("Range", b.const(0, np.int64), longest, b.const(1, np.int64))
+            dist = b.op("Abs", b.op("Sub", b.op("Unsqueeze", idx, b.const([1], np.int64)),
+                                    b.op("Unsqueeze", idx, b.const([0], np.int64))))
+            bias = b.op("Where", b.op("Greater", dist, b.const(window, np.int64)), b.const(np.float32(-np.inf)),
+                        b.const(np.float32(0.0)))
+            self._shared[key] = b.op("Unsqueeze", bias, b.const([0, 1], np.int64))
+        return self._shared[key]
 
     # -- encoders -----------------------------------------------------------------------------------
 
