@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -42,10 +41,10 @@ def _rows_per_pass(url: str) -> tuple[int, int]:
     return sum(int(k) * v for k, v in histogram.items()), sum(histogram.values())
 
 
-class LayaServe:
+class LayaServe(ServerProcess):
     """The official `laya-serve` (FastAPI, one inference at a time) from its own venv, serving `model` as "bench"."""
 
-    def __init__(self, python: str, model: str, threads: int, clients: int):
+    def __init__(self, python: str, model: str, threads: int, clients: int):   # not `pagoda serve`: no super()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._cwd = tempfile.TemporaryDirectory()   # laya's import name is ours too: no sources on its path
@@ -58,25 +57,19 @@ class LayaServe:
                                      stdout=subprocess.DEVNULL, stderr=self.log)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
+        """laya-serve preloads before it listens, so its first `/health` answer means loaded."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"bench serve: laya-serve exited: {self.log.read().decode()[-2000:]}")
+        while self.proc.poll() is None and time.monotonic() < deadline:
             try:
-                if requests.get(self.url + "/health", timeout=5).json().get("loaded"):
-                    return
-            except (requests.RequestException, ValueError):
-                pass
-            time.sleep(0.25)
-        raise SystemExit(f"bench serve: laya-serve was not ready within {timeout:.0f}s")
+                requests.get(self.url + "/health", timeout=5)
+                return
+            except requests.RequestException:
+                time.sleep(0.25)
+        self.log.seek(0)
+        raise SystemExit(f"bench serve: laya-serve did not come up: {self.log.read().decode()[-2000:]}")
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        super().stop()
         self._cwd.cleanup()
 
 
@@ -129,7 +122,7 @@ def run_bench(args, levels: list[int], out: TextIO) -> int:
             server.wait_ready()
             results[name] = {}
             for clients in levels:
-                ours = isinstance(server, ServerProcess)
+                ours = not isinstance(server, LayaServe)
                 before = _rows_per_pass(server.url) if ours else None
                 results[name][clients] = stats = closed_loop(server.url + route, body_for, clients,
                                                              args.warmup, args.seconds)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
 import requests
@@ -12,9 +9,7 @@ from serving_support import BILLING_STATE, TINY_BERT, ServerProcess
 
 import laya
 from serving.decide.backend import LayaBackend
-from serving.decide.batcher import Batcher, BatchLimits
 from serving.decide.config import DecideConfig
-from serving.decide.metrics import DecideMetrics
 from serving.decide.routes import DecideApi
 
 
@@ -26,25 +21,13 @@ def test_precision_setting_is_checked_and_read_from_the_environment():
 
 
 def test_int8_batches_equal_int8_alone(billing_questions):
+    """What the batcher runs for a batch (`LayaBackend.run` over many requests' units) against each alone."""
     agent = laya.load(TINY_BERT, precision="int8")
     backend = LayaBackend(agent, "tiny")
-    metrics = DecideMetrics()
-    batcher = Batcher(backend.run, BatchLimits(max_wait_ms=50), metrics)
     work = [backend.prepare(f"{BILLING_STATE[: 12 + 9 * i]} #{i}", billing_questions, {}) for i in range(10)]
-    outputs: dict[int, list] = {}
-
-    def submit(i: int) -> None:
-        outputs[i] = batcher.submit([work[i]], [backend.cost(work[i])], time.monotonic() + 60).wait()[0]
-
-    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(work))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    batcher.stop()
-    assert max(int(k) for k in metrics.stats()["batch_size_histogram"]) > 3  # requests really shared passes
-    for i, prepared in enumerate(work):
-        for got, alone in zip(outputs[i], agent.forward(prepared.rows)):
+    together = backend.run(work)
+    for unit, outputs in zip(work, together):
+        for got, alone in zip(outputs, backend.run([unit])[0]):
             assert np.array_equal(got.logits, alone.logits)
             assert np.array_equal(got.act_probabilities, alone.act_probabilities)
 
