@@ -24,12 +24,11 @@ def register(commands: Any, bench: Any) -> None:
 
     b = bench.add_parser("gateway", help="added latency and streaming throughput of pagoda gateway vs calling "
                                          "the upstream directly, and the cost of a routing decision")
-    b.add_argument("--generate-model", default=None, help="the upstream's LLM: HF folder or .gguf (default: a "
-                                                         "tiny random Llama built for the run)")
-    b.add_argument("--rounds", type=int, default=6, help="alternating direct/gateway rounds per measurement")
-    b.add_argument("--requests", type=int, default=60, help="sequential requests per latency round")
+    b.add_argument("--generate-model", default=None, help="the upstream's LLM: HF folder or .gguf (default: the "
+                                                         "embedded SmolLM2-135M-Instruct)")
+    b.add_argument("--rounds", type=int, default=4, help="alternating direct/gateway rounds per measurement")
     b.add_argument("--streams", type=int, default=64, help="concurrent streams of the throughput rounds")
-    b.add_argument("--seconds", type=float, default=4.0, help="measured seconds per throughput round")
+    b.add_argument("--seconds", type=float, default=3.0, help="measured seconds per round")
     b.add_argument("--new-tokens", type=int, default=16, help="tokens per streamed request")
     b.add_argument("--model", default=None, help="Laya checkpoint for the decision rows (default: laya-mini)")
     b.add_argument("--student", default=None, help="a distilled student for the student decision row "

@@ -28,7 +28,7 @@ from serving.gateway.upstreams import Upstream
 # RFC 9110 7.6.1, plus the proxy ones: they belong to one connection. Content-Length is the sender's to set.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade"})
-REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}  # the gateway answered any Expect itself
 # The gateway's WSGI server writes its own Date and Server (a second copy would be two headers).
 RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 READ_SIZE = 1 << 16
