@@ -308,15 +308,23 @@ def test_a_dead_replica_is_retried_on_the_other_and_a_timeout_is_504(procs, edge
     assert metric(gw, "pagoda_gateway_upstream_errors_total", upstream=edge.url, kind="timeout") == 1
 
 
+WHOLE_EVENT = (b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+               b'"text":"hi","logprobs":null,"finish_reason":null}]}\n\n')
+
+
 def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
-    """Upstreams that misbehave at the socket level: not HTTP, closing without an answer, breaking a body."""
+    """Upstreams that misbehave at the socket level: not HTTP, closing without an answer, a body short of its
+    length, a stream that breaks in the middle of an event."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     port = listener.getsockname()[1]
     replies = {"garbage": b"SPEAKING NO HTTP\r\n\r\n", "close": b"",
                "short": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"",
-               "health": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"}
+               "health": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+               # one whole event, then half of the next, then the connection closes
+               "broken": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT) + b"9\r\ndata: {\"i\r\n"}
     stop = threading.Event()
 
     def serve() -> None:
@@ -347,6 +355,15 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
             assert r.json()["error"]["type"] == "server_error"
             r = requests.post(gw.url + "/generate", json={"prompt": prompt}, timeout=30)
             assert r.status_code == 502 and r.json()["error"]["type"] == code  # the server's own shape there
+        r = requests.post(gw.url + "/v1/completions", json={"prompt": "broken", "stream": True}, timeout=30)
+        events = [e for e in r.content.split(b"\n\n") if e]
+        assert events[0] + b"\n\n" == WHOLE_EVENT and events[-1] == b"data: [DONE]" and len(events) == 3
+        assert json.loads(events[1][len(b"data: "):])["error"]["code"] == "upstream_reset"  # the half event: gone
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        stream = client.completions.create(model="m", prompt="broken", stream=True)
+        assert next(stream).choices[0].text == "hi"
+        with pytest.raises(openai.APIError, match="the stream broke"):
+            next(stream)
         assert requests.get(gw.url + "/health", timeout=5).status_code == 200  # the gateway is fine
     finally:
         gw.stop()
@@ -467,3 +484,5 @@ def test_stats_and_metrics_describe_each_upstream(gateway, edge):
     assert metric(gateway, "pagoda_gateway_upstream_ttfb_seconds_count", upstream=edge.url) >= 1
     assert metric(gateway, "pagoda_gateway_upstream_healthy", upstream=edge.url) == 1
     assert metric(gateway, "pagoda_gateway_upstream_in_flight", upstream=edge.url) == 0
+    paths = requests.get(gateway.url + "/openapi.json", timeout=10).json()["paths"]
+    assert {"/v1/chat/completions", "/v1/completions", "/generate", "/health", "/v1/models"} <= set(paths)
