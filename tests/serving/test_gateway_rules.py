@@ -1,6 +1,7 @@
-"""The gateway's settings and rules files, in-process: what a valid file means, and that every bad one is
-refused when the gateway starts with an error naming the rule, question or key (one case also as a real
-`pagoda gateway` process that exits before serving)."""
+"""The gateway's settings and rules files and its routing choices, in-process: what a valid file means, that
+every bad one is refused when the gateway starts with an error naming the rule, question or key (one case
+also as a real `pagoda gateway` process that exits before serving), which member of a group takes a
+request, fallback and ejection, and the default route when no decision can be made."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import time
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from serving_support import REPO
 from urllib3.util import SKIP_HEADER
 
 from serving.gateway.config import GatewayConfig
+from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.proxy import request_headers
-from serving.gateway.router import Router, request_state
+from serving.gateway.router import Decisions, Router, request_state
 from serving.gateway.rules import Rules
+from serving.gateway.upstreams import Upstreams
 
 GROUPS = ["edge", "frontier"]
 QUESTIONS = {
@@ -165,3 +169,48 @@ def test_a_config_file_key_that_is_no_setting_is_named(tmp_path):
     config.write_text(yaml.safe_dump({"upstreams": "edge=http://a:1"}))
     with pytest.raises(ValueError, match="unknown setting 'upstreams'"):
         GatewayConfig.load({"config": str(config)}, env={})
+
+
+def upstreams(*specs: str) -> Upstreams:
+    cfg = GatewayConfig.load({"upstream": list(specs)}, env={})
+    return Upstreams(cfg, GatewayMetrics(CollectorRegistry()))  # pools connect lazily: nothing is contacted
+
+
+def test_the_least_busy_healthy_member_takes_a_request_and_ties_take_turns():
+    ups = upstreams("edge=http://127.0.0.1:9", "edge=http://127.0.0.1:10", "edge=http://127.0.0.1:11")
+    a, b, c = ups.groups["edge"]
+    firsts = {ups.candidates("edge", None)[1][0].url for _ in range(6)}
+    assert firsts == {a.url, b.url, c.url}  # in turn
+    a.enter(), b.enter()
+    assert [u.url for u in ups.candidates("edge", None)[1]][0] == c.url
+    c.failed("x"), c.failed("y")  # --health-fails 2: out of rotation
+    assert c.url not in [u.url for u in ups.candidates("edge", None)[1]]
+
+
+def test_a_group_with_no_healthy_member_falls_back_or_is_tried_anyway():
+    ups = upstreams("frontier=http://127.0.0.1:9", "edge=http://127.0.0.1:10")
+    (frontier,), (edge,) = ups.groups["frontier"], ups.groups["edge"]
+    for _ in range(2):
+        frontier.failed("connection refused")
+    assert not frontier.up and frontier.error == "connection refused"
+    assert ups.candidates("frontier", "edge") == ("edge", [edge])
+    assert ups.candidates("frontier", None) == ("frontier", [frontier])  # nothing better: try it
+    for _ in range(2):
+        edge.failed("connection refused")
+    assert ups.candidates("frontier", "edge") == ("frontier", [frontier])
+    frontier.passed(by_check=False)
+    assert not frontier.up  # a request's success does not restore: only checks do
+    frontier.passed(by_check=True), frontier.passed(by_check=True)
+    assert frontier.up and frontier.error is None
+
+
+def test_a_decision_that_cannot_be_made_takes_the_default_route(tmp_path):
+    rules = load(tmp_path, {"questions": {"needs_reasoning": QUESTIONS["needs_reasoning"]},
+                            "routes": {"frontier": "needs_reasoning.noul > 0.5"}, "default": "edge"})
+    cfg = GatewayConfig.load({"upstream": ["edge=http://127.0.0.1:9", "frontier=http://127.0.0.1:10"]}, env={})
+    decisions = Decisions(cfg, rules, CollectorRegistry())  # never loaded: every decision is 503 not_ready
+    route = Router(rules, decisions).route("/v1/chat/completions",
+                                           {"messages": [{"role": "user", "content": "prove it"}]}, "r")
+    assert (route.group, route.reason) == ("edge", "decision_failed") and route.decision_s is not None
+    route = Router(rules, decisions).route("/v1/chat/completions", {"messages": []}, "r")
+    assert (route.group, route.reason) == ("edge", "default")  # nothing to ask about: no decision at all
