@@ -76,7 +76,9 @@ class LayaServe(ServerProcess):
 def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
     """(name, server factory) per mode, in the order they run."""
     precisions = [p.strip() for p in (getattr(args, "precision", None) or "exact").split(",") if p.strip()]
-    common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads)]
+    # Closed-loop clients wait as long as a queue takes (laya-serve's do): no 504s from the default deadline.
+    common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads),
+              "--request-timeout-s", "600"]
     for flag, value in (("--model", args.model), ("--student", args.student), ("--max-wait-ms", args.max_wait_ms)):
         if value is not None:
             common += [flag, str(value)]
