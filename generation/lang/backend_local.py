@@ -7,7 +7,9 @@ but the last: a prompt is tokenised whole, and the prefix's last token may merge
 appends ("Answer: " + "yes" ends in " yes", not " " + "yes"), while the tokens before it stay put.
 A branch's later requests go through the prefix cache instead, which holds the pin's full blocks and
 everything the branch's earlier requests computed: the engine matches a request that continues a pin
-only up to the pin's end, so the pin would make them recompute the branch's own text.
+only up to the pin's end, so the pin would make them recompute the branch's own text. A `select` pins
+its text the same way while its choices are scored, so each choice computes only its own tokens and the
+scoring window.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ log = logging.getLogger(__name__)
 
 class LocalBackend(Backend):
     """`LocalBackend(engine)` starts (and `close()` stops) an EngineLoop on `engine`; given an EngineLoop,
-    it shares that loop with its other users. `pin_forks=False` leaves fork prefixes to the prefix cache."""
+    it shares that loop with its other users. `pin_prefixes=False` leaves the prefixes of forks and selects
+    to the prefix cache (no pins)."""
 
-    def __init__(self, engine: Engine | EngineLoop, *, pin_forks: bool = True) -> None:
+    def __init__(self, engine: Engine | EngineLoop, *, pin_prefixes: bool = True) -> None:
         self._owns_loop = not isinstance(engine, EngineLoop)
         self.loop = EngineLoop(engine) if self._owns_loop else engine
         self.engine = self.loop.engine
-        self.pin_forks = pin_forks
+        self.pin_prefixes = pin_prefixes
         tokenizer = self.engine.tokenizer
         self._template = (ChatTemplate(lambda messages: tokenizer.apply_chat_template(messages, False))
                           if tokenizer.chat_template else None)
@@ -122,10 +125,18 @@ class LocalBackend(Backend):
     def choice_scores(self, text: str, choices: list[str], unconditional: bool, site: CallSite,
                       shared: Any = None) -> ChoiceScores:
         encode = self.engine.tokenizer.encode
-        start = scored_from(len(encode(text)))
+        ids = encode(text)
+        start = scored_from(len(ids))
         scoring = SamplingParams(max_new_tokens=0, prompt_logprobs=0, prompt_logprobs_start=start)
-        batch = self._submit([encode(text + c) for c in choices], [scoring] * len(choices), site, shared)
-        outs = self._finish(batch, site)
+        # As SGLang's select first caches the text, the text is pinned while its choices are scored: each
+        # choice then continues it exactly (the prefix cache would only give it the text's full blocks).
+        reuse = shared in self._pins and self._pins[shared] == ids[:-1]  # a branch's first call, right at the fork
+        own = None if reuse or len(choices) < 2 else self._pin(ids[:-1])
+        try:
+            batch = self._submit([encode(text + c) for c in choices], [scoring] * len(choices), site, own or shared)
+            outs = self._finish(batch, site)
+        finally:
+            self.release(own)
         entries = [[(r["logprob"], r["token_id"], self._token_text(r["token_id"])) for r in out.prompt_logprobs]
                    for out in outs]
         scores = ChoiceScores(list(choices), entries)
@@ -140,13 +151,17 @@ class LocalBackend(Backend):
     # ---- forks ------------------------------------------------------------------------------------
 
     def share_prefix(self, text: str, site: CallSite) -> str | None:
-        ids = self.engine.tokenizer.encode(text)[:-1]
-        if not self.pin_forks or not ids:
+        return self._pin(self.engine.tokenizer.encode(text)[:-1])
+
+    def _pin(self, ids: list[int]) -> str | None:
+        """Pin `ids` (None when pins are off, `ids` is empty, or the pool cannot hold it: the prefix
+        cache then shares what it can)."""
+        if not self.pin_prefixes or not ids:
             return None
         try:
             pin = self.loop.pin(ids)
-        except (RuntimeError, ValueError) as exc:  # e.g. a pool full of pins: the prefix cache still shares
-            log.info("%s: prefix not pinned (%s); the branches rely on the prefix cache", site, exc)
+        except (RuntimeError, ValueError) as exc:
+            log.info("prefix of %d tokens not pinned (%s); relying on the prefix cache", len(ids), exc)
             return None
         with self._lock:
             self._pins[pin] = ids

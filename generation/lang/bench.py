@@ -11,6 +11,8 @@ alternated round by round because the machine is shared and noisy:
       (started here unless `--url` names a running server).
 Printed: wall time (median of the rounds), prompt tokens the engine computed, the ratios (a)/(b), and
 (c) - (b) per program call. Every run's text is checked equal across the three (greedy).
+Since the branching program's HTTP cost hides in its compute noise, the call overhead is also measured
+on a chain of 24 one-token `gen`s in one state (sequential calls, little compute each), local vs HTTP.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def brainstorm(s, context, branches, new_tokens):
     forks += lambda i: f"\nIdea {i + 1}:" + gen("idea", max_tokens=new_tokens, ignore_eos=True)
     forks += "\nThis idea is " + select("rating", choices=CHOICES)
     forks.join()
+
+
+@function
+def chain(s, calls):
+    s += "Stations in order:"
+    for i in range(calls):
+        s += f" {i + 1}." + gen(f"n{i}", max_tokens=1, ignore_eos=True)
+
+
+CHAIN_CALLS = 24
 
 
 def _computed(stats: dict[str, Any]) -> int:
@@ -141,7 +153,7 @@ def run(model: str | None = None, *, context_tokens: int = 300, branches: int = 
         backends = {}
         for name, cache, pin in (("independent", "none", False), ("local", "radix", True)):
             engine = Engine(EngineConfig(model=model, cache_backend=cache, kv_cache_memory_mb=KV_MB))
-            backends[name] = LocalBackend(EngineLoop(engine, num_threads=threads), pin_forks=pin)
+            backends[name] = LocalBackend(EngineLoop(engine, num_threads=threads), pin_prefixes=pin)
         args = {"context": build_context(backends["local"].engine.tokenizer, context_tokens), "branches": branches,
                 "new_tokens": new_tokens}
         modes = list(backends)
@@ -153,7 +165,8 @@ def run(model: str | None = None, *, context_tokens: int = 300, branches: int = 
         wall: dict[str, list[float]] = {m: [] for m in modes}
         tokens: dict[str, int] = {}
         outcomes: set[str] = set()
-        for m in modes:  # warm-up: first-touch allocations, the grammar-free paths, HTTP connections
+        chain_texts: set[str] = set()
+        for m in modes:  # warm-up: first-touch allocations, HTTP connections
             (brainstorm.run(backend=backends[m], temperature=0, **args) if m == "http"
              else _run_local(backends[m], args))
         for _ in tqdm(range(rounds), desc="bench lang rounds", unit="round"):
@@ -169,6 +182,14 @@ def run(model: str | None = None, *, context_tokens: int = 300, branches: int = 
                     wall[m].append(secs)
                     tokens[m] = computed
                     outcomes.add(outcome)
+        chain_wall: dict[str, list[float]] = {m: [] for m in modes if m != "independent"}
+        if http:
+            for _ in tqdm(range(rounds), desc="bench lang call overhead", unit="round"):
+                for m in chain_wall:
+                    t = time.perf_counter()
+                    state = chain.run(calls=CHAIN_CALLS, backend=backends[m], temperature=0)
+                    chain_wall[m].append(time.perf_counter() - t)
+                    chain_texts.add(state.text())
         for m in ("independent", "local"):
             backends[m].loop.close()
     finally:
@@ -179,13 +200,17 @@ def run(model: str | None = None, *, context_tokens: int = 300, branches: int = 
     result = {
         "context_tokens": len(backends["local"].engine.tokenizer.encode(args["context"])), "branches": branches,
         "new_tokens": new_tokens, "choices": len(CHOICES), "rounds": rounds, "threads": threads,
-        "wall_s": median, "wall_s_all": wall, "prompt_tokens_computed": tokens, "same_text": len(outcomes) == 1,
+        "wall_s": median, "wall_s_all": wall, "prompt_tokens_computed": tokens,
+        "same_text": len(outcomes) == 1 and len(chain_texts) <= 1,
         "wall_ratio": median["independent"] / median["local"],
         "computed_ratio": tokens["independent"] / max(tokens["local"], 1), "program_calls": calls,
     }
     if "http" in median:
         result["http_overhead_ms_per_call"] = 1000 * (median["http"] - median["local"]) / calls
         result["http_requests"] = 1 + branches * 3  # fork prefix; per branch a gen, the prompt length, the choices
+        chained = {m: statistics.median(v) for m, v in chain_wall.items()}
+        result.update(chain_calls=CHAIN_CALLS, chain_wall_s=chained, chain_wall_s_all=chain_wall,
+                      chain_overhead_ms_per_call=1000 * (chained["http"] - chained["local"]) / CHAIN_CALLS)
     return result
 
 
@@ -204,6 +229,8 @@ def report(result: dict[str, Any], out=sys.stdout) -> None:
         print(f"HTTP - local: {r['http_overhead_ms_per_call']:.1f} ms per program call ({r['program_calls']} calls, "
               f"{r['http_requests']} HTTP requests); HTTP / local wall {r['wall_s']['http'] / r['wall_s']['local']:.2f}x",
               file=out)
+        print(f"chain of {r['chain_calls']} one-token gens: local {r['chain_wall_s']['local']:.2f} s, HTTP "
+              f"{r['chain_wall_s']['http']:.2f} s: {r['chain_overhead_ms_per_call']:.1f} ms per call over HTTP", file=out)
     print(f"same text in every mode and round: {'yes' if r['same_text'] else 'NO'}", file=out)
 
 

@@ -85,6 +85,27 @@ def test_select_picks_the_choice_a_transformers_forward_ranks_first(local, hf_mo
     assert state.text() == prefix + state["pick"]
 
 
+def test_select_computes_its_text_once_and_each_choice_only_its_tail(tiny_llama):
+    """The text is pinned while the choices are scored: a choice computes its tokens from the scoring window
+    on; without the pin every choice recomputes the text's partial last block."""
+    text, choices = CONTEXT + "Verdict:", [" jumps over", " the lazy dog", " radix", " pool blocks"]
+
+    @lang.function
+    def verdict(s):
+        s += text + lang.select("v", choices=choices)
+
+    figures = {}
+    for pin in (True, False):
+        with lang.LocalBackend(make_engine(tiny_llama), pin_prefixes=pin) as backend:
+            state = verdict.run(backend=backend)
+            figures[pin] = (computed(backend.loop.stats()), backend.loop.stats()["pins"], state["v"])
+            encode = backend.engine.tokenizer.encode
+    prompt = len(encode(text))
+    tails = sum(len(encode(text + c)) - (prompt - 2) for c in choices)  # from the token before the window
+    assert figures[True] == ((prompt - 1) + tails, 0, figures[False][2])
+    assert figures[False][0] > figures[True][0]  # the pin costs less than recomputing partial blocks per choice
+
+
 def test_the_other_choice_methods_against_transformers(local, hf_model):
     prefix, choices = "a radix tree finds the", [" longest", " longest cached prefix", " quick brown fox"]
     scored, ref = reference_scores(hf_model, local.engine.tokenizer, prefix, choices)
@@ -132,7 +153,7 @@ def test_fork_4_computes_the_shared_prefix_once(tiny_llama):
     figures = {}
     for name, cache, pin in (("shared", "radix", True), ("independent", "none", False)):
         engine = make_engine(tiny_llama, cache_backend=cache)
-        with lang.LocalBackend(engine, pin_forks=pin) as backend:
+        with lang.LocalBackend(engine, pin_prefixes=pin) as backend:
             state = branches.run(backend=backend, temperature=0)
             figures[name] = (state, backend.loop.stats())
     prefix = len(engine.tokenizer.encode(CONTEXT))
