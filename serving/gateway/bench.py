@@ -1,21 +1,22 @@
 """`pagoda bench gateway`: what the gateway costs against calling its upstream directly, measured in the
-same run on the same upstream process, direct and gateway rounds alternating (order swapped every round)
-so load from other jobs on a shared machine hits both alike.
+same run on the same upstream process, so load from other jobs on a shared machine hits both alike.
 
-Rows: non-streamed chat (1 token) p50/p99 with one client; time to first token of a stream with one
-client; output tokens/s of `--streams` concurrent closed-loop streams; and the cost of a routing decision:
-one client through a gateway that asks one Laya question per request (laya-mini, then a distilled
-student) against the same gateway shape without rules, plus the decision time the gateway itself
-measured (`/stats`). The upstream is `pagoda serve --generate-only` on one torch thread; every server
-runs without its access log, as `pagoda bench serve` runs them.
+Rows: non-streamed chat (1 token) p50/p99 and a stream's time to first token, one client, direct and
+gateway requests alternating one by one (`--requests` each); output tokens/s of `--streams` concurrent
+closed-loop streams, direct and gateway rounds alternating (order swapped every round); the CPU the
+gateway and the upstream processes spend (from /proc), which is what the throughput ratio comes down to
+when both share the cores; and the cost of a routing decision: requests alternating between the plain
+gateway and one that asks one Laya question per request (laya-mini, then a distilled student), plus the
+decision time the gateway itself measured (`/stats`). The upstream is `pagoda serve --generate-only` on
+one torch thread; every server runs without its access log, as `pagoda bench serve` runs them.
 """
-
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,8 +24,8 @@ import numpy as np
 import requests
 import yaml
 
-from serving.bench import ServerProcess, closed_loop, free_port
-from serving.generate.bench import messages, stream_loop
+from serving.bench import ServerProcess, free_port
+from serving.generate.bench import messages, stream_chat, stream_loop
 
 SYSTEM = "You are a helpful assistant. Answer briefly."
 NEEDS_REASONING = {"type": "noul", "instructions": "Does answering this need several steps of reasoning, maths "
@@ -79,37 +80,71 @@ def alternate(rounds: int, direct: Any, gateway: Any) -> tuple[list, list]:
     return a, b
 
 
-def chat_body(c: int, i: int) -> dict:
-    return {"model": "bench-llm", "messages": messages(SYSTEM, c, i), "max_tokens": 1, "temperature": 0}
+def chat_body(i: int, stream: bool = False) -> dict:
+    return {"model": "bench-llm", "messages": messages(SYSTEM, 0, i), "max_tokens": 1, "temperature": 0,
+            "stream": stream}
+
+
+def interleaved(n: int, urls: tuple[str, str], stream: bool) -> tuple[np.ndarray, np.ndarray]:
+    """`n` requests to each of two servers, one at a time and alternating request by request (the order
+    swapped every pair), so a load spike from another job lands on both sides alike. Milliseconds to the
+    whole answer, or to a stream's first token."""
+    times: tuple[list[float], list[float]] = ([], [])
+    with requests.Session() as a, requests.Session() as b:
+        sessions = (a, b)
+        for i in range(n + 2):  # two warm-up pairs
+            for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                if stream:
+                    got = stream_chat(sessions[side], urls[side], {**chat_body(i), "max_tokens": 4})
+                    ms = (got["times"][0] - got["started"]) * 1000 if got and got["times"] else None
+                else:
+                    started = time.perf_counter()
+                    ok = sessions[side].post(urls[side] + "/v1/chat/completions", json=chat_body(i),
+                                             timeout=60).status_code == 200
+                    ms = (time.perf_counter() - started) * 1000 if ok else None
+                if ms is None:
+                    raise SystemExit(f"bench gateway: a request to {urls[side]} failed")
+                if i >= 2:
+                    times[side].append(ms)
+    return np.array(times[0]), np.array(times[1])
+
+
+def latency_rows(label: str, direct: np.ndarray, gateway: np.ndarray) -> list[tuple]:
+    rows = []
+    for q in (50, 99):
+        d, g = float(np.percentile(direct, q)), float(np.percentile(gateway, q))
+        rows.append((f"{label}: p{q} ms", d, g, g - d, g / d, ""))
+    rows[0] = (*rows[0][:5], f"paired median {float(np.median(gateway - direct)):+.3f} ms")
+    return rows
 
 
 def pass_through(args: Any, upstream: ServerProcess, gateway: ServerProcess, out: TextIO) -> None:
-    def streams(url: str, clients: int):
-        return lambda: stream_loop(url, "bench-llm", SYSTEM, args.new_tokens, clients, 1.0, args.seconds,
+    urls = (upstream.url, gateway.url)
+    before = cpu_seconds(gateway)
+    d, g = interleaved(args.requests, urls, stream=False)
+    per_request = (cpu_seconds(gateway) - before) / (args.requests + 2) * 1000
+    rows = latency_rows(f"chat, 1 token, {args.requests} alternating requests", d, g)
+    d, g = interleaved(args.requests, urls, stream=True)
+    rows += latency_rows("stream, time to first token", d, g)
+
+    def streams(url: str):
+        return lambda: stream_loop(url, "bench-llm", SYSTEM, args.new_tokens, args.streams, 1.0, args.seconds,
                                    {"ignore_eos": True})
 
-    rows = []
-    d, g = alternate(args.rounds, one_client(upstream.url, args.seconds), costed(one_client(gateway.url, args.seconds),
-                                                                                 gateway, upstream))
-    for q in ("p50", "p99"):
-        rows.append((f"chat, 1 token, 1 client: {q} ms", *_paired(d, g, q)))
-    per_request = _median(g, "cpu_s") / _median(g, "rps") / (0.5 + args.seconds) * 1000
-    d, g = alternate(args.rounds, streams(upstream.url, 1), streams(gateway.url, 1))
-    for q in ("ttft_p50", "ttft_p99"):
-        rows.append((f"stream, 1 client: {q.replace('_', ' ')} ms", *_paired(d, g, q)))
-    d, g = alternate(args.rounds, costed(streams(upstream.url, args.streams), None, upstream),
-                     costed(streams(gateway.url, args.streams), gateway, upstream))
-    rows.append((f"{args.streams} streams x {args.new_tokens} tokens: output tok/s", *_paired(d, g, "tok_s")))
+    d, g = alternate(args.rounds, costed(streams(upstream.url), None, upstream),
+                     costed(streams(gateway.url), gateway, upstream))
+    ratios = np.array([b["tok_s"] / a["tok_s"] for a, b in zip(d, g)])
+    dm, gm = _median(d, "tok_s"), _median(g, "tok_s")
+    rows.append((f"{args.streams} streams x {args.new_tokens} tokens: output tok/s ({args.rounds} rounds)", dm, gm,
+                 gm - dm, float(np.median(ratios)), f"round ratios {ratios.min():.2f}-{ratios.max():.2f}"))
     errors = sum(r["errors"] for r in d + g)
-    per_round = ", ".join(f"{b['tok_s'] / a['tok_s']:.3f}" for a, b in zip(d, g))
-    tokens = 1.0 + args.seconds  # seconds of streaming each round's CPU covers (warm-up included)
-    out.write(_table(("measure", "direct", "gateway", "added", "gateway/direct", "range of round ratios"), rows))
-    out.write(f"(medians over rounds; added and ratio are medians of the per-round pairs; failed requests in the stream rounds: {errors}; per-round gateway/direct "
-              f"tok/s: {per_round})\n")
+    covered = 1.0 + args.seconds  # the seconds of streaming a round's CPU covers (its warm-up included)
+    out.write(_table(("measure", "direct", "gateway", "added", "gateway/direct", "note"), rows))
+    out.write(f"(throughput: medians over rounds, ratio the median of per-round ratios; failed requests in "
+              f"the stream rounds: {errors})\n")
     out.write(f"CPU: the gateway spends {per_request:.2f} ms per non-streamed request and "
-              f"{_median(g, 'cpu_s') / (_median(g, 'tok_s') * tokens) * 1e6:.0f} us per streamed token; the "
-              f"upstream {_median(d, 'upstream_cpu_s') / (_median(d, 'tok_s') * tokens) * 1e6:.0f} us per token "
-              "when called directly\n")
+              f"{_median(g, 'cpu_s') / (gm * covered) * 1e6:.0f} us per streamed token; the upstream "
+              f"{_median(d, 'upstream_cpu_s') / (dm * covered) * 1e6:.0f} us per token when called directly\n")
 
 
 def costed(measure: Any, gateway: ServerProcess | None, upstream: ServerProcess):
@@ -162,31 +197,16 @@ def decisions(args: Any, upstream_url: str, plain_url: str, started: list, out: 
         routed = GatewayProcess(["--upstream", f"edge={upstream_url}", "--route", f.name, *flags])
         started.append(routed)
         routed.wait_ready()
-        closed_loop(routed.url + "/v1/chat/completions", chat_body, 1, 0.5, 1.0)  # warm the model's caches
-        plain, ruled = alternate(args.rounds, one_client(plain_url, args.seconds), one_client(routed.url, args.seconds))
+        plain, ruled = interleaved(args.requests, (plain_url, routed.url), stream=False)
         decision = requests.get(routed.url + "/stats", timeout=10).json()["gateway"]["decision_ms"]
-        rows.append((f"{label}: 1 question, chat p50 ms", *_paired(plain, ruled, "p50")[:3], decision["p50"],
+        pm, rm = float(np.median(plain)), float(np.median(ruled))
+        rows.append((f"{label}: 1 question", pm, rm, rm - pm, float(np.median(ruled - plain)), decision["p50"],
                      decision["p99"]))
         routed.stop()
         started.remove(routed)
         os.unlink(f.name)
-    out.write(_table(("routing decision", "no rules", "with rules", "added (paired median)", "decision p50 ms",
-                      "decision p99 ms"),
-                     rows))
-
-
-def one_client(url: str, seconds: float):
-    return lambda: closed_loop(url + "/v1/chat/completions", chat_body, 1, 0.5, seconds)
-
-
-def _paired(direct: list[dict], gateway: list[dict], key: str) -> tuple:
-    """Medians of each side, and the median (and range) of the per-round differences and ratios: a round's
-    two measurements ran back to back, so their pairing cancels most of the load drift."""
-    a = np.array([r[key] for r in direct])
-    b = np.array([r[key] for r in gateway])
-    ratios = b / a
-    return (float(np.median(a)), float(np.median(b)), float(np.median(b - a)), float(np.median(ratios)),
-            f"{ratios.min():.2f}-{ratios.max():.2f}")
+    out.write(_table(("routing decision (chat p50 ms)", "no rules", "with rules", "added", "paired median",
+                      "decision p50 ms", "decision p99 ms"), rows))
 
 
 def _median(results: list[dict], key: str) -> float:

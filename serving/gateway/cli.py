@@ -26,7 +26,9 @@ def register(commands: Any, bench: Any) -> None:
                                          "the upstream directly, and the cost of a routing decision")
     b.add_argument("--generate-model", default=None, help="the upstream's LLM: HF folder or .gguf (default: the "
                                                          "embedded SmolLM2-135M-Instruct)")
-    b.add_argument("--rounds", type=int, default=4, help="alternating direct/gateway rounds per measurement")
+    b.add_argument("--requests", type=int, default=300, help="requests per side of each latency row, alternating "
+                                                             "direct and gateway one by one")
+    b.add_argument("--rounds", type=int, default=8, help="alternating direct/gateway rounds of the throughput row")
     b.add_argument("--streams", type=int, default=64, help="concurrent streams of the throughput rounds")
     b.add_argument("--seconds", type=float, default=3.0, help="measured seconds per round")
     b.add_argument("--new-tokens", type=int, default=16, help="tokens per streamed request")
