@@ -24,7 +24,7 @@ from laya.precision import Plan, detect
 from laya.rows import Row
 from laya.weights import SafeTensors
 
-MAX_TOKENS = 16384
+MAX_TOKENS = 4096     # tokens per session run: bounds activation memory; a row's result cannot depend on it
 
 
 def default_threads() -> int:

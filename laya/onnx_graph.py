@@ -359,20 +359,43 @@ class LayaGraph:
             bias = body.op("Slice", self._window_bias(kv_starts, window), body.const([0, 0], np.int64),
                            body.op("Concat", n, n, axis=0), body.const([2, 3], np.int64))
             extra = ["", "", bias]
-        out = body.op("MultiHeadAttention", qr, kr, vr, *extra, domain=MS_DOMAIN, num_heads=heads)
-        body.nodes.append(helper.make_node("SequenceInsert", ["seq_in", out], ["seq_out"]))
+        out = body.op("MultiHeadAttention", qr, kr, vr, *extra, domain=MS_DOMAIN, num_heads=heads)   # [1, n_q, d]
+        # Scan outputs must share a shape: each row's output is padded to the longest row, and the valid
+        # tokens are gathered back after the loop (a sequence of tensors would copy itself per insert).
+        longest, index = self._unpad(q_starts)
+        pads = body.op("Concat", body.const([0, 0, 0, 0], np.int64), body.op("Sub", longest, body.op("Sub", q_hi, q_lo)),
+                       body.const([0], np.int64), axis=0)
+        body.nodes.append(helper.make_node("Pad", [out, pads], ["row_out"]))
         body.nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
         graph = helper.make_graph(
             body.nodes, body.prefix + "body",
             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-             helper.make_tensor_sequence_value_info("seq_in", TensorProto.FLOAT, None)],
+             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-             helper.make_tensor_sequence_value_info("seq_out", TensorProto.FLOAT, None)],
+             helper.make_tensor_value_info("row_out", TensorProto.FLOAT, None)],
             body.constants)
         n_rows = b.op("Squeeze", b.op("Sub", b.op("Shape", q_starts), b.const([1], np.int64)))
-        seq = b.op("Loop", n_rows, b.const(True, np.bool_), b.op("SequenceEmpty", dtype=TensorProto.FLOAT), body=graph)
-        return b.op("Squeeze", b.op("ConcatFromSequence", seq, axis=1), b.const([0], np.int64))
+        stacked = b.op("Loop", n_rows, b.const(True, np.bool_), body=graph)               # [R, 1, L, d]
+        flat = b.op("Reshape", stacked, b.const([-1, self.spec.hidden], np.int64))
+        return b.op("Gather", flat, index)
+
+    def _unpad(self, starts: str) -> tuple[str, str]:
+        """([1] the longest row's length L, [T] where each packed token sits in an [R * L] row-padded axis)."""
+        key = "unpad:" + starts
+        if key not in self._shared:
+            b = self.b
+            lo, hi = self._bounds(starts)                                                   # [R, 1] each
+            longest = b.op("ReduceMax", b.op("Sub", hi, lo), keepdims=0)
+            total = b.op("Squeeze", b.op("Slice", starts, b.const([-1], np.int64), b.const([np.iinfo(np.int64).max],
+                                                                                               np.int64)))
+            t = b.op("Unsqueeze", b.op("Range", b.const(0, np.int64), total, b.const(1, np.int64)), b.const([0], np.int64))
+            row = b.op("Sub", b.op("ReduceSum", b.op("Cast", b.op("LessOrEqual", lo, t), to=7), b.const([0], np.int64),
+                                   keepdims=0), b.const(1, np.int64))                       # [T] row of each token
+            offset = b.op("Sub", b.op("Squeeze", t, b.const([0], np.int64)),
+                          b.op("Squeeze", b.op("Gather", lo, row), b.const([1], np.int64)))
+            index = b.op("Add", b.op("Mul", row, longest), offset)
+            self._shared[key] = (b.op("Unsqueeze", longest, b.const([0], np.int64)), index)
+        return self._shared[key]
 
     def _bounds(self, starts: str) -> tuple[str, str]:
         """[R, 1] first and one-past-last token of each row, computed once per graph for `starts`."""

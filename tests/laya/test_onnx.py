@@ -116,3 +116,16 @@ def test_encoder_spec_defaults_for_configs_without_layer_types():
 def softmax(x):
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+@pytest.mark.parametrize("precision", ["exact", "int8"])
+def test_chunked_calls_change_no_bit(laya_tiny_modernbert, monkeypatch, precision):
+    """Rows are run in chunks of at most MAX_TOKENS tokens; where the cuts fall must not matter."""
+    import laya.onnx_engine as engine
+
+    agent = laya.load(laya_tiny_modernbert, precision=precision)
+    rows = [r for s in STATES * 3 for r in agent.prepare(s, QUESTIONS).rows]
+    whole = agent.forward(rows)
+    monkeypatch.setattr(engine, "MAX_TOKENS", 150)
+    for a, b in zip(whole, agent.forward(rows)):
+        assert np.array_equal(a.logits, b.logits) and np.array_equal(a.act_probabilities, b.act_probabilities)
