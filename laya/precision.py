@@ -124,5 +124,10 @@ def plan(precision: str | None, device: str = "cpu", cpu: CpuFeatures | None = N
         return Plan(requested, "bf16", "torch", device, f"bf16 units: {', '.join(units)}")
     dot = cpu.int8_dot
     why = f"no {' / '.join(BF16_UNITS)}; " if requested == "fast" else ""
-    why += f"int8 dot product: {', '.join(dot)}" if dot else "int8 on AVX2 (no VNNI: 7-bit weights avoid saturation)"
+    if dot:
+        why += f"int8 dot product: {', '.join(dot)}"
+    elif "avx2" in cpu.flags:
+        why += "int8 on AVX2 (no VNNI: 7-bit weights avoid saturation)"
+    else:
+        why += "int8 on onnxruntime's portable integer kernels (7-bit weights)"
     return Plan(requested, "int8", "onnxruntime", device, why)
