@@ -4,9 +4,11 @@ official `laya-serve` on the same checkpoint.
 Each mode gets its own server subprocess; at each concurrency level N clients send the next request as
 soon as the last one answered, for `--seconds` after a `--warmup` (`serving.bench`). A Laya model is asked
 through the `/v1/systemone` route, which `pagoda serve` and laya-serve both speak, with the same bodies
-(the preset's questions, explicitly), so every mode does the same work per request. laya-serve (given
-`--reference PYTHON`, a venv with `laya[serve]==0.4.15`) runs with the same thread count; it serves one
-inference at a time. Figures are ratios against batching off and against laya-serve, measured in the same
+(the preset's questions, explicitly), so every mode does the same work per request. laya-serve (from
+`--reference PYTHON`, a venv with `laya[serve]==0.4.15`, else `.refvenv` when it has one, as `pagoda bench
+decide` uses) runs with the same thread count; it serves one inference at a time. Our precisions come from
+`--precision`, else `$PAGODA_PRECISION`, else exact. Every `pagoda serve` runs with `--generate-model none`:
+a decision benchmark has no use for an LLM's load time and memory. Figures are ratios against batching off and against laya-serve, measured in the same
 invocation, next to the model-level ceiling: what one forward over many requests' rows saves, no HTTP.
 """
 
@@ -75,10 +77,10 @@ class LayaServe(ServerProcess):
 
 def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
     """(name, server factory) per mode, in the order they run."""
-    precisions = [p.strip() for p in (getattr(args, "precision", None) or "exact").split(",") if p.strip()]
+    precisions = [p.strip() for p in _precisions(args).split(",") if p.strip()]
     # Closed-loop clients wait as long as a queue takes (laya-serve's do): no 504s from the default deadline.
     common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads),
-              "--request-timeout-s", "600"]
+              "--request-timeout-s", "600", "--generate-model", "none"]
     for flag, value in (("--model", args.model), ("--student", args.student), ("--max-wait-ms", args.max_wait_ms)):
         if value is not None:
             common += [flag, str(value)]
@@ -89,11 +91,25 @@ def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
               lambda: ServerProcess(common + ["--no-batching", "--precision", precisions[0]]))]
     for p in precisions:
         modes.append((f"pagoda {p}, batching on", lambda p=p: ServerProcess(common + ["--batching", "--precision", p])))
-    reference = getattr(args, "reference", None)
+    reference = _reference(args)
     if reference:
         modes.append(("laya-serve 0.4.15 (fp32)",
                       lambda: LayaServe(reference, args.model or _default_model(), args.torch_threads or 0, max(levels))))
     return modes
+
+
+def _precisions(args) -> str:
+    return getattr(args, "precision", None) or os.environ.get("PAGODA_PRECISION") or "exact"
+
+
+def _reference(args) -> str | None:
+    """The official runtime's python: `--reference`, else `.refvenv`'s when it has laya-serve."""
+    given = getattr(args, "reference", None)
+    if given:
+        return given
+    from laya.bench import DEFAULT_REFERENCE
+
+    return str(DEFAULT_REFERENCE) if (DEFAULT_REFERENCE.parent / "laya-serve").is_file() else None
 
 
 def _default_model() -> str:
@@ -170,7 +186,7 @@ def _model_ceiling(args, clients: int) -> str:
 
     import laya
 
-    precision = (getattr(args, "precision", None) or "exact").split(",")[0]
+    precision = _precisions(args).split(",")[0]
     agent = laya.load(args.model, precision=precision, threads=args.torch_threads or None)
     questions = yaml.safe_load(SHIPPED_PRESETS.read_text())[args.preset]
     prepared = [agent.prepare(f"{STATES[i % len(STATES)]} (#{i})", questions) for i in range(clients)]

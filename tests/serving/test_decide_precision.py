@@ -50,3 +50,26 @@ def test_server_answers_at_the_precision_it_was_given(tmp_path, billing_question
         assert got["answers"] == laya.load(TINY_BERT, precision="int8").predict(BILLING_STATE, billing_questions)["answers"]
     finally:
         server.stop()
+
+
+def test_bench_serve_modes_skip_the_llm_and_read_the_precision(monkeypatch):
+    """`pagoda bench serve`'s servers: no LLM loaded, our precisions from PAGODA_PRECISION, laya-serve last."""
+    import argparse
+
+    import serving.decide.bench as bench
+
+    started = []
+    monkeypatch.setattr(bench, "ServerProcess", lambda flags: started.append(flags))
+    monkeypatch.setattr(bench, "LayaServe", lambda *a: started.append(["laya-serve", *a]))
+    monkeypatch.setenv("PAGODA_PRECISION", "int8")
+    args = argparse.Namespace(model=str(TINY_BERT), student=None, max_wait_ms=None, torch_threads=1,
+                              reference="/ref/bin/python")
+    modes = bench._modes(args, [1, 16])
+    assert [name for name, _ in modes] == ["pagoda int8, batching off", "pagoda int8, batching on",
+                                           "laya-serve 0.4.15 (fp32)"]
+    for _, start in modes:
+        start()
+    for flags in started[:2]:
+        assert flags[flags.index("--generate-model") + 1] == "none"
+        assert flags[flags.index("--precision") + 1] == "int8"
+    assert started[2][:2] == ["laya-serve", "/ref/bin/python"]
