@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from flask import Blueprint, Flask, Response
+from flask import Blueprint, Flask, Response, request
 from prometheus_client import CollectorRegistry
 
 from serving import access_log, auth, errors, openapi, threads
@@ -90,6 +90,7 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
     app.extensions["pagoda.apis"] = apis
     access_log.install(app, metrics, {api.blueprint.name for api in apis}, cfg.access_log)
     auth.install(app, cfg.api_key)
+    require_json(app)
     budgets = cfg.thread_budgets([api.name for api in apis])
     threads.install(app, {api.blueprint.name: budgets[api.name] for api in apis})
     errors.install(app, cfg.max_body_bytes, {p: d for api in apis for p, d in api.error_dialects.items()})
@@ -128,6 +129,24 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
     for api in apis:
         app.register_blueprint(api.blueprint)
     return app
+
+
+def require_json(app: Flask) -> None:
+    """Every POST route takes JSON and says so: `Content-Type: application/json` (any charset parameter).
+    Beyond naming the mistake early, this closes a hole: without an API key, a web page could POST to a local
+    server as a "simple" cross-origin request (text/plain, form types) that browsers send without a CORS
+    preflight; application/json always needs one."""
+
+    @app.before_request
+    def check_content_type() -> None:
+        if request.method != "POST" or request.url_rule is None:
+            return  # 404 and 405 say more than 415 would
+        if request.mimetype != "application/json":
+            given = request.headers.get("Content-Type")
+            raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "
+                                f"{given!r}" if given else "POST bodies must be sent as Content-Type: "
+                                "application/json (no Content-Type given)", "unsupported_media_type",
+                           "Content-Type")
 
 
 def merged(parts: Iterable[dict]) -> dict:

@@ -18,13 +18,15 @@ OPEN_PATHS = frozenset({"/health"})
 def install(app: Flask, api_key: str | None) -> None:
     if not api_key:
         return
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     @app.before_request
     def check_bearer() -> None:
         if request.path in OPEN_PATHS:
             return
-        supplied = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(supplied, expected):
+        # RFC 9110 section 11.1: the scheme name is case-insensitive (`bearer` is as good as `Bearer`).
+        scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+        supplied = token.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(supplied, expected):
             raise ApiError(401, "missing or invalid bearer token", "unauthorized", "Authorization",
                            headers={"WWW-Authenticate": "Bearer"})

@@ -1,26 +1,55 @@
-"""The production server: gunicorn with gthread workers around the Flask app.
+"""The production server: gunicorn's master around workers whose connections live on an asyncio loop.
 
-Why gunicorn/gthread (see docs/serving.md): the model is one big object per process, and the batcher
-needs many request threads blocked on it at once. A gthread worker is exactly that, one process, N
-request threads, with the model worker thread beside them; gunicorn's master adds what a decision
-service needs around it: graceful SIGTERM (stop accepting, let in-flight requests finish, exit), worker
-restarts, `--workers` to scale across cores. The app loads in each worker after fork, so the master never
-imports torch. A worker where any API's model fails to load exits with gunicorn's boot-error status, which
-stops the whole server with the reason in the log instead of serving 503s forever.
+Why this shape (measured in docs/operations.md): gunicorn's gthread worker hands a connection to a request
+thread as soon as its first byte arrives, and the thread then blocks reading the rest, so clients that
+trickle headers or send a body shorter than its Content-Length hold the request threads and freeze the
+server. Here each worker reads requests on an event loop (h11 parses HTTP/1.1), under a deadline for the
+head and one for the body, with a cap on open connections; only a whole request, body buffered, reaches a
+request thread, which runs the Flask app and streams its response back through the loop (SSE included,
+one write per event, so a stream never waits for a slow reader's whole backlog). Everything the HTTP
+layer itself refuses (bad framing, a 100 KB header, a body over the limit, chunked or not, a stalled
+client) is answered in the project's JSON error shape. No maintained WSGI server gives both whole-request
+buffering with read deadlines and JSON for its own errors, hence this small front on h11.
+
+gunicorn's master keeps what a decision service needs around it: graceful SIGTERM (stop accepting, let
+in-flight requests finish, exit), worker restarts, `--workers` to scale across cores. With `--preload`
+(default) the master imports torch, transformers and the model code before forking, so a replacement
+worker after a crash only loads weights; no tensor is built and no thread started before the fork. A
+worker where any API's model fails to load exits with gunicorn's boot-error status, which stops the whole
+server with the reason in the log instead of serving 503s forever.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import io
+import json
 import logging
 import math
 import os
+import resource
+import sys
 import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
+from urllib.parse import unquote_to_bytes
 
+import h11
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers.base import Worker
 
+from serving.access_log import access_log
 from serving.config import ServeConfig
+from serving.errors import error_body
 
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
+log = logging.getLogger("pagoda.serve")
+_READ_CHUNK = 64 * 1024
+_LINGER_S = 2.0  # after an error answer, how long unread request bytes are drained so the answer is not reset
 
 
 class GunicornServer(BaseApplication):
@@ -33,13 +62,12 @@ class GunicornServer(BaseApplication):
         settings = {
             "bind": [f"{cfg.host}:{cfg.port}"],
             "workers": cfg.workers,
-            "worker_class": "gthread",
+            "worker_class": FrontWorker,
             "threads": cfg.threads,
             "graceful_timeout": math.ceil(cfg.graceful_timeout_s),
-            # The heartbeat runs on the worker's main loop, never blocked by the model thread; a long
-            # timeout only matters while a worker imports torch and loads the model.
+            # The heartbeat runs on the worker's event loop, never blocked by a request; a long timeout only
+            # matters while a worker loads its models.
             "timeout": max(120, int(cfg.request_timeout_s * 2)),
-            "keepalive": 5,
             "accesslog": None,  # the app writes its own JSON access line
             "errorlog": "-",
             "loglevel": "warning",
@@ -59,12 +87,37 @@ class GunicornServer(BaseApplication):
             while not all(api.loaded.wait(0.2) for api in apis):
                 for api in apis:
                     if api.error is not None:
-                        logging.getLogger("pagoda.serve").error("stopping: the %s model did not load (%s)",
-                                                                api.name, api.error)
+                        log.error("stopping: the %s model did not load (%s)", api.name, api.error)
                         os._exit(WORKER_BOOT_ERROR)
 
         threading.Thread(target=exit_on_failure, name="pagoda-load-watch", daemon=True).start()
         return app
+
+
+# What the master imports with --preload: the modules that dominate a worker's start (torch alone is ~10 s on
+# a loaded 2-core box). Importing defines code only: no tensor, no thread, nothing a fork could break.
+PRELOAD_MODULES = {
+    "decide": ("torch", "transformers", "laya", "laya.model", "serving.decide.backend", "serving.decide.routes"),
+    "student": ("onnxruntime", "distill.runtime", "serving.decide.routes"),
+    "generate": ("torch", "transformers", "generation.engine", "serving.generate.routes"),
+}
+
+
+def preload(cfg: ServeConfig) -> float:
+    """Import in the master what every worker would import; seconds it took. A module this install lacks
+    is skipped: the worker that needs it reports that, by name, as its load error."""
+    started = time.monotonic()
+    kinds = []
+    if not cfg.generate.only:
+        kinds.append("student" if cfg.decide.student else "decide")
+    if cfg.generate.model_path() is not False:
+        kinds.append("generate")
+    for name in dict.fromkeys(m for kind in kinds for m in PRELOAD_MODULES[kind]):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+    return time.monotonic() - started
 
 
 def _announce(server) -> None:
@@ -73,4 +126,346 @@ def _announce(server) -> None:
 
 
 def serve(cfg: ServeConfig) -> None:
+    if cfg.preload:
+        seconds = preload(cfg)
+        logging.getLogger("pagoda.serve").warning("preloaded the model code in the master in %.1fs", seconds)
     GunicornServer(cfg).run()
+
+
+# ---- the worker ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Limits:
+    """What the front enforces before a request thread sees a request (ServeConfig's fields, by meaning)."""
+
+    max_connections: int
+    keepalive_s: float      # an idle connection (before its first request, or between two) closes after this
+    header_timeout_s: float  # request line and headers, from their first byte
+    body_timeout_s: float    # the whole body, from the end of the headers
+    write_timeout_s: float   # a client reading nothing of its response for this long is dropped
+    max_header_bytes: int
+    max_body_bytes: int
+
+    @classmethod
+    def of(cls, cfg: ServeConfig) -> Limits:
+        return cls(cfg.max_connections, cfg.keepalive_s, cfg.header_timeout_s, cfg.body_timeout_s,
+                   cfg.write_timeout_s, cfg.max_header_bytes, cfg.max_body_bytes)
+
+
+class Refused(Exception):
+    """A request the front answers itself, with the JSON error shape, then closes the connection."""
+
+    def __init__(self, status: int, message: str, type_: str):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type_
+
+
+class FrontWorker(Worker):
+    """A gunicorn worker: connections on an asyncio loop, whole requests run on `threads` request threads."""
+
+    def init_process(self) -> None:
+        _raise_fd_limit()
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        super().init_process()  # loads the app, installs signal handlers, then calls run()
+
+    def run(self) -> None:
+        cfg: ServeConfig = self.app.serve_cfg
+        front = Front(self.wsgi, Limits.of(cfg), cfg.threads, self.loop, multiprocess=cfg.workers > 1)
+        try:
+            self.loop.run_until_complete(self._serve(front, cfg))
+        finally:
+            front.pool.shutdown(wait=False, cancel_futures=True)
+            self.loop.close()
+
+    async def _serve(self, front: Front, cfg: ServeConfig) -> None:
+        servers = [await asyncio.start_server(front.connection, sock=s.sock, limit=_READ_CHUNK, backlog=2048)
+                   for s in self.sockets]
+        while self.alive:
+            self.notify()
+            if self.ppid != os.getppid():
+                log.warning("the master went away; worker %d stops", self.pid)
+                break
+            await asyncio.sleep(0.5)
+        for server in servers:
+            server.close()
+        await front.drain(cfg.graceful_timeout_s)
+
+
+def _raise_fd_limit() -> None:
+    """Every open connection is a descriptor; the soft limit (often 1024) would cap connections first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+class Front:
+    """Reads requests off connections under the limits and runs each whole one on the request threads."""
+
+    def __init__(self, app, limits: Limits, threads: int, loop: asyncio.AbstractEventLoop, multiprocess: bool):
+        self.app, self.limits, self.loop = app, limits, loop
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pagoda-request")
+        self.multiprocess = multiprocess
+        self.idle: dict[asyncio.StreamWriter, None] = {}   # waiting for a request to begin (evictable), oldest first
+        self.open: set[asyncio.StreamWriter] = set()
+        self.busy = 0                                      # requests being answered
+        self.stopping = False
+
+    # ---- connections ----------------------------------------------------------------------------------------
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("", 0)
+        local = writer.get_extra_info("sockname") or ("", 0)
+        if len(self.open) >= self.limits.max_connections and not self._evict_idle():
+            await self._refuse(writer, reader, Refused(
+                503, f"server busy: {self.limits.max_connections} connections open (--max-connections)",
+                "overloaded"), None, {"Retry-After": "1"})
+            return
+        self.open.add(writer)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        try:
+            while not self.stopping:
+                try:
+                    request = await self._read_request(conn, reader, writer)
+                except Refused as refused:
+                    await self._refuse(writer, reader, refused, conn)
+                    return
+                if request is None:
+                    return
+                keep = await self._answer(conn, writer, request, peer, local)
+                if not keep or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.idle.pop(writer, None)
+            self.open.discard(writer)
+            writer.close()
+
+    def _evict_idle(self) -> bool:
+        """At the cap, a new connection takes the place of the longest-idle one: an idle connection costs its
+        client only a reconnect, a refused one costs a request."""
+        for writer in self.idle:
+            del self.idle[writer]
+            self.open.discard(writer)
+            writer.transport.abort()
+            return True
+        return False
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: idle connections close now, requests being answered get `grace_s` to finish."""
+        self.stopping = True
+        for writer in list(self.idle):
+            writer.transport.abort()
+        deadline = time.monotonic() + grace_s
+        while self.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    # ---- reading ----------------------------------------------------------------------------------------------
+
+    async def _read_request(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> tuple[h11.Request, bytes] | None:
+        """The next whole request (head, body), or None when the client closed or stayed idle too long."""
+        lim = self.limits
+        head: h11.Request | None = None
+        body = bytearray()
+        deadline: float | None = None  # None: idle, nothing of this request received yet
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                status = exc.error_status_hint
+                if status == 431:
+                    raise Refused(431, f"request line and headers over the {lim.max_header_bytes} byte limit "
+                                       "(--max-header-bytes)", "headers_too_large") from None
+                raise Refused(status, f"malformed HTTP request: {exc}", "bad_request") from None
+            if event is h11.NEED_DATA:
+                if deadline is None and conn.their_state is h11.IDLE and not conn.trailing_data[0]:
+                    self.idle[writer] = None
+                    try:
+                        data = await asyncio.wait_for(reader.read(_READ_CHUNK), lim.keepalive_s)
+                    except TimeoutError:
+                        return None
+                    finally:
+                        self.idle.pop(writer, None)
+                    if not data:
+                        return None
+                    deadline = time.monotonic() + lim.header_timeout_s
+                else:
+                    if deadline is None:
+                        deadline = time.monotonic() + lim.header_timeout_s
+                    data = await self._read_until(reader, deadline, head is None)
+                conn.receive_data(data)
+            elif isinstance(event, h11.Request):
+                head = event
+                deadline = self._check_head(event, conn, writer)
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > lim.max_body_bytes:
+                    raise Refused(413, f"request body over the {lim.max_body_bytes} byte limit", "payload_too_large")
+            elif isinstance(event, h11.EndOfMessage):
+                return head, bytes(body)
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+
+    async def _read_until(self, reader: asyncio.StreamReader, deadline: float, in_head: bool) -> bytes:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            data = await asyncio.wait_for(reader.read(_READ_CHUNK), left)
+        except TimeoutError:
+            lim = self.limits
+            part, limit, flag = (("request line and headers", lim.header_timeout_s, "--header-timeout-s") if in_head
+                                 else ("request body", lim.body_timeout_s, "--body-timeout-s"))
+            raise Refused(408, f"the {part} did not arrive within {limit:g}s ({flag})", "request_timeout") from None
+        if not data:  # the client closed mid-request: nobody is left to answer
+            raise ConnectionResetError
+        return data
+
+    def _check_head(self, request: h11.Request, conn: h11.Connection, writer: asyncio.StreamWriter) -> float:
+        """Refuse what the headers already tell (ambiguous framing, a declared size over the limit); returns
+        the body's deadline."""
+        names = {name for name, _ in request.headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            raise Refused(400, "both Content-Length and Transfer-Encoding given: the body's length is ambiguous",
+                          "bad_request")
+        length = dict(request.headers).get(b"content-length")
+        if length is not None and int(length) > self.limits.max_body_bytes:
+            raise Refused(413, f"request body over the {self.limits.max_body_bytes} byte limit", "payload_too_large")
+        if conn.they_are_waiting_for_100_continue:
+            writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+        return time.monotonic() + self.limits.body_timeout_s
+
+    # ---- answering ----------------------------------------------------------------------------------------
+
+    async def _answer(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: tuple[h11.Request, bytes],
+                      peer, local) -> bool:
+        """Run the app on a request thread; False when the connection must close after it."""
+        head, body = request
+        environ = self._environ(head, body, peer, local)
+        self.busy += 1
+        try:
+            return await self.loop.run_in_executor(self.pool, self._run_app, environ, conn, writer)
+        finally:
+            self.busy -= 1
+
+    def _run_app(self, environ: dict, conn: h11.Connection, writer: asyncio.StreamWriter) -> bool:
+        """On a request thread: the app's response, each chunk written through the loop as it comes (a write
+        waits for the client to take it, bounded by --write-timeout-s, so a stream keeps its pace)."""
+        started: list = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info=None):
+            if exc_info and started:
+                raise exc_info[1].with_traceback(exc_info[2])
+            started[:] = [status, headers]
+            return _no_write
+
+        def send(*events: h11.Event) -> None:
+            future = asyncio.run_coroutine_threadsafe(self._send(conn, writer, events), self.loop)
+            future.result()
+
+        response = self.app(environ, start_response)
+        sent_head = False
+        try:
+            for chunk in response:
+                if not chunk:
+                    continue
+                if not sent_head:
+                    send(self._response_head(started), h11.Data(data=chunk))
+                    sent_head = True
+                else:
+                    send(h11.Data(data=chunk))
+            if sent_head:
+                send(h11.EndOfMessage())
+            else:
+                send(self._response_head(started), h11.EndOfMessage())
+        except (ConnectionError, OSError, TimeoutError, h11.LocalProtocolError):
+            return False  # the client left, or stopped reading: the stream is closed below (GeneratorExit)
+        finally:
+            close = getattr(response, "close", None)
+            if close is not None:
+                close()
+        return not self.stopping
+
+    def _response_head(self, started: list) -> h11.Response:
+        status, headers = started
+        out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        if self.stopping:
+            out.append((b"connection", b"close"))
+        return h11.Response(status_code=int(status.split(" ", 1)[0]), headers=out, reason=status[4:].encode())
+
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, events) -> None:
+        if writer.is_closing():
+            raise ConnectionResetError
+        for event in events:
+            data = conn.send(event)
+            if data:
+                writer.write(data)
+        await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+
+    def _environ(self, head: h11.Request, body: bytes, peer, local) -> dict:
+        target = head.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        if path.startswith(("http://", "https://")):  # absolute-form (a proxy's): keep the path part
+            path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
+        environ = {
+            "REQUEST_METHOD": head.method.decode("ascii"),
+            "SCRIPT_NAME": "",
+            "PATH_INFO": unquote_to_bytes(path).decode("latin-1"),
+            "QUERY_STRING": query,
+            "SERVER_NAME": str(local[0]), "SERVER_PORT": str(local[1]),
+            "SERVER_PROTOCOL": f"HTTP/{head.http_version.decode()}",
+            "REMOTE_ADDR": str(peer[0]), "REMOTE_PORT": str(peer[1]),
+            "CONTENT_LENGTH": str(len(body)),  # also for a chunked body: it is whole by now
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": self.multiprocess,
+            "wsgi.run_once": False, "wsgi.input_terminated": True,
+        }
+        for name, value in head.headers:
+            key = name.decode("latin-1").upper().replace("-", "_")
+            if key in ("CONTENT_LENGTH", "TRANSFER_ENCODING"):
+                continue
+            key = key if key == "CONTENT_TYPE" else "HTTP_" + key
+            text = value.decode("latin-1")
+            environ[key] = f"{environ[key]},{text}" if key in environ else text
+        return environ
+
+    # ---- the front's own answers --------------------------------------------------------------------------
+
+    async def _refuse(self, writer: asyncio.StreamWriter, reader: asyncio.StreamReader, refused: Refused,
+                      conn: h11.Connection | None, headers: dict[str, str] | None = None) -> None:
+        """The JSON error, written raw (h11 may be in its error state), then a lingering close: the client may
+        still be sending, and closing on unread bytes would reset the connection before it reads the answer."""
+        if conn is not None and conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return  # a response already started: nothing can be said any more
+        request_id = uuid.uuid4().hex
+        body = json.dumps(error_body(refused.message, refused.type, None, request_id), separators=(",", ":")).encode()
+        reason = HTTPStatus(refused.status).phrase if refused.status in HTTPStatus._value2member_map_ else "Error"
+        lines = [f"HTTP/1.1 {refused.status} {reason}", "Content-Type: application/json",
+                 f"Content-Length: {len(body)}", "Connection: close", f"X-Request-ID: {request_id}",
+                 *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        access_log.info(json.dumps({"ts": round(time.time(), 3), "request_id": request_id, "route": "front",
+                                    "status": refused.status, "type": refused.type}))
+        try:
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+            if writer.can_write_eof():
+                writer.write_eof()
+            deadline = time.monotonic() + _LINGER_S
+            while time.monotonic() < deadline:
+                data = await asyncio.wait_for(reader.read(_READ_CHUNK), deadline - time.monotonic())
+                if not data:
+                    break
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+
+def _no_write(data: bytes) -> None:
+    raise RuntimeError("pagoda's server does not support the WSGI write() callable; return an iterable")
