@@ -11,17 +11,21 @@ This module imports no torch: on the CPU engines a process decides without ever 
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import sys
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 from laya import answers
 from laya.calibration import Temperatures
 from laya.config import LayaConfig
 from laya.engine import Engine, RowOutput
-from laya.errors import InputError
+from laya.errors import InputError, question_error
 from laya.layout import read_parts
+from laya.lru import ByteLRU
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
 from laya.precision import Plan, plan
 from laya.questions import Question, parse_questions
@@ -29,6 +33,10 @@ from laya.rows import Budgets, Row, build_rows, check_state, encode_head
 from laya.tokenizer import LayaTokenizer
 
 __all__ = ["Agent", "Prepared", "RowOutput", "load"]
+
+# What the question-token cache may hold per process. Questions repeat across requests, but a client can
+# send a new 900 KB one each time: bounded by entries, that cache grew ~8 MB per request for 4096 requests.
+DEFAULT_QUESTION_CACHE_BYTES = 64 << 20
 
 
 @dataclass
@@ -41,15 +49,26 @@ class Prepared:
 
 
 class Agent:
-    def __init__(self, engine: Engine, tokenizer: LayaTokenizer, config: LayaConfig, source: str | None = None):
+    """`max_positions`: the encoder's position count (its `max_position_embeddings`); a budget past it is
+    refused at `prepare`, since the forward would fail on it (and, in a server, fail the batch it shares).
+    `question_cache_bytes`: the bound of the question-token cache (0: no cache)."""
+
+    def __init__(self, engine: Engine, tokenizer: LayaTokenizer, config: LayaConfig, source: str | None = None,
+                 max_positions: int | None = None, question_cache_bytes: int = DEFAULT_QUESTION_CACHE_BYTES):
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.source = source
+        self.max_positions = max_positions
+        if max_positions is not None:
+            for name in ("max_len", "head_max_len"):
+                if getattr(config, name) > max_positions:
+                    raise ValueError(f"rl_agent_config.json: {name} {getattr(config, name)} is more than the "
+                                     f"encoder's {max_positions} positions (max_position_embeddings)")
         self.temperatures = Temperatures.from_config(config.temperature, config.temperature_by_options)
         # Questions repeat across requests far more than states do; their token ids do not depend
         # on the state or the budgets, so they are tokenised once per distinct question.
-        self._encode_head = lru_cache(maxsize=4096)(lambda q: encode_head(tokenizer, q))
+        self.question_cache = ByteLRU(question_cache_bytes, _head_bytes)
 
     @property
     def plan(self) -> Plan:
@@ -69,8 +88,23 @@ class Agent:
         return load_checkpoint(self.source)[0]
 
     def budgets(self, max_len: int | None = None, head_max_len: int | None = None) -> Budgets:
-        return Budgets(self.config.max_len if max_len is None else max_len,
-                       self.config.head_max_len if head_max_len is None else head_max_len)
+        budgets = Budgets(self.config.max_len if max_len is None else max_len,
+                          self.config.head_max_len if head_max_len is None else head_max_len)
+        if self.max_positions is not None:
+            for name in ("max_len", "head_max_len"):
+                if getattr(budgets, name) > self.max_positions:
+                    raise InputError(f"{name}: {getattr(budgets, name)} is more than this model's "
+                                     f"{self.max_positions} positions", field=name)
+        return budgets
+
+    def _head(self, q: Question) -> tuple[list[int], list[list[int]]]:
+        def compute() -> tuple[list[int], list[list[int]]]:
+            ins_ids, opt_ids = encode_head(self.tokenizer, q)
+            # A row never holds more instruction tokens than positions (budgets are checked against them),
+            # so the cache keeps no more: 900 KB of instructions cost 512 ids, not 200,000.
+            return (ins_ids if self.max_positions is None else ins_ids[:self.max_positions]), opt_ids
+
+        return self.question_cache.get(q, compute)
 
     def prepare(self, state: Any, questions: Any, *, max_len: int | None = None, head_max_len: int | None = None,
                 min_confidence: Any = None, option_order: dict[str, Any] | None = None) -> Prepared:
@@ -81,7 +115,8 @@ class Agent:
         gate = answers.check_min_confidence(min_confidence)
         if not parsed:
             return Prepared([], [], gate)
-        heads = [self._encode_head(q) for q in parsed]
+        check_answer_keys(parsed)
+        heads = [self._head(q) for q in parsed]
         return Prepared(parsed, build_rows(self.tokenizer, state, parsed, budgets, heads), gate)
 
     def forward(self, rows: list[Row]) -> list[RowOutput]:
@@ -131,12 +166,42 @@ class Agent:
         return results  # type: ignore[return-value]
 
 
+def check_answer_keys(questions: list[Question]) -> None:
+    """Every choice label must be a key of its own in the answer JSON, and a value JSON has.
+
+    Python tells `1` from `"1"` (and `True` from `"true"`), but the answer's `probabilities` object writes
+    both as the key `"1"`: a response with duplicate keys, which JSON readers resolve differently. A NaN
+    or infinite label would be written as a bare `NaN`, which is not JSON at all."""
+    for q in questions:
+        if q.type != "choice":
+            continue
+        seen: dict[str, int] = {}
+        for i, key in enumerate(q.keys):
+            if isinstance(key, float) and not math.isfinite(key):
+                raise question_error(q.name, "criteria", f"label {i} ({key!r}) is not a finite number")
+            text = key if isinstance(key, str) else json.dumps(key)
+            if text in seen:
+                raise question_error(q.name, "criteria", f"label {i} ({key!r}) and label {seen[text]} "
+                                     f"({q.keys[seen[text]]!r}) are the same key {text!r} in the answer JSON")
+            seen[text] = i
+
+
+def _head_bytes(q: Question, head: tuple[list[int], list[list[int]]]) -> int:
+    """What one cached question holds: its texts (the key) and its id lists (a slot and an int object per id;
+    ids above 256 are not shared)."""
+    ins_ids, opt_ids = head
+    texts = sum(sys.getsizeof(t) for t in (q.name, q.instructions, *q.options, *q.legend))
+    ids = sum(sys.getsizeof(ids) + 28 * len(ids) for ids in (ins_ids, *opt_ids))
+    return texts + ids
+
+
 def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: str | None = None,
-         threads: int | None = None) -> Agent:
+         threads: int | None = None, question_cache_bytes: int = DEFAULT_QUESTION_CACHE_BYTES) -> Agent:
     """An `Agent` for an official-layout checkpoint folder; `None` loads the embedded laya-mini.
 
     `precision`: exact (default), int8, bf16 or fast (see `laya.precision`); None reads
     `$PAGODA_PRECISION`. `threads`: intra-op threads (default: `$OMP_NUM_THREADS`, else the runtime's).
+    `question_cache_bytes`: the bound of the question-token cache.
     """
     if path is None:
         path = default_model_dir()
@@ -146,7 +211,10 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
     path = str(path)
     config, encoder_config, tokenizer, weights_path = read_parts(path)
     chosen = plan(precision, device)
-    return Agent(_engine(path, config, encoder_config, weights_path, chosen, threads), tokenizer, config, source=path)
+    positions = encoder_config.get("max_position_embeddings")
+    return Agent(_engine(path, config, encoder_config, weights_path, chosen, threads), tokenizer, config, source=path,
+                 max_positions=positions if isinstance(positions, int) and positions > 0 else None,
+                 question_cache_bytes=question_cache_bytes)
 
 
 def _engine(path: str, config: LayaConfig, encoder_config: dict, weights_path: str, chosen: Plan,

@@ -8,6 +8,7 @@ The head (everything before the state) is capped by `head_max_len`, the whole ro
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,12 +72,34 @@ def state_text(state: Any, where: str = "state") -> str:
     through here, so a student is shown exactly the text its teacher was.
     """
     check_state(state, where)
-    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+    try:
+        text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+    except RecursionError:
+        raise InputError(f"{where}: nests too deeply to be read as JSON", field=where) from None
+    except ValueError as exc:  # a NaN is fine (Python's json writes it), a circular reference is not
+        raise InputError(f"{where}: cannot be written as JSON: {exc}", field=where) from None
+    if not is_text(text):
+        raise InputError(f"{where}: contains an unpaired UTF-16 surrogate (not text a tokenizer can read)",
+                         field=where)
+    return text
+
+
+def is_text(s: str) -> bool:
+    """False for a string with an unpaired surrogate (e.g. from a lone `\\ud800` JSON escape): no UTF-8 form."""
+    return s.isascii() or not _SURROGATE.search(s)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def encode_head(tok: LayaTokenizer, q: Question) -> tuple[list[int], list[list[int]]]:
     """Budget-independent token ids of a question: instruction ids and one id list per slot."""
     texts = [f"{q.type} question: {q.instructions}"] + [" " + q.options[i] for i in q.slots]
+    for i, text in enumerate(texts):
+        if not is_text(text):
+            field = "instructions" if i == 0 else "criteria"
+            raise question_error(q.name, field, "contains an unpaired UTF-16 surrogate (not text a tokenizer "
+                                 "can read)")
     ids = tok.encode(texts)
     return ids[0], [o[:OPTION_MAX_TOKENS] for o in ids[1:]]
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +24,7 @@ from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
 
 from laya.errors import InputError
+from laya.rows import is_text
 
 log = logging.getLogger("pagoda.serve")
 
@@ -48,12 +52,125 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+# How deeply a request body may nest. Real bodies nest a few levels (a chat turn in a list in a field);
+# anything near Python's recursion limit would fail in whichever recursive code read it first, as a 500.
+MAX_JSON_DEPTH = 64
+
+
+class _NotANumber:
+    """Stands in, while parsing, for a number Python's `json` would read as something JSON has no value
+    for: `NaN`/`Infinity` (not JSON at all), a float past double range (inf) or an integer over Python's
+    digit limit. The walk after parsing finds it and names its path."""
+
+    def __init__(self, text: str, why: str):
+        self.text = text if len(text) <= 20 else f"{text[:8]}...{text[-4:]} ({len(text)} characters)"
+        self.why = why
+
+
+def _constant(text: str) -> _NotANumber:
+    return _NotANumber(text, "is not JSON (JSON has no NaN or Infinity)")
+
+
+def _float(text: str) -> float | _NotANumber:
+    value = float(text)
+    return value if math.isfinite(value) else _NotANumber(text, "is outside the range of a double")
+
+
+def _int(text: str) -> int | _NotANumber:
+    limit = sys.get_int_max_str_digits()
+    if limit and len(text.lstrip("-")) > limit:
+        return _NotANumber(text, f"has more than {limit} digits")
+    return int(text)
+
+
 def parse_json(data: bytes) -> Any:
-    """A request body as JSON, or the 400 every API answers for one that is not."""
+    """A request body as JSON, or the 400 `invalid_json` every API answers for one it cannot read.
+
+    Beyond syntax it refuses what would otherwise fail later as a 500 or leak into an answer: nesting past
+    `MAX_JSON_DEPTH`, numbers JSON cannot hold (NaN, Infinity, 1e999, a 5000-digit integer) and strings
+    (values or keys) with an unpaired UTF-16 surrogate (`"\\ud800"` is valid JSON but no text: it cannot
+    be tokenised, nor written back in a UTF-8 response). `field` is the JSON path of the offending value.
+    """
     try:
-        return json.loads(data)
+        value = json.loads(data, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    except RecursionError:
+        raise _too_deep(_deep_field(data.decode(json.detect_encoding(data), errors="replace"))) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    _check_values(value)
+    return value
+
+
+def _check_values(value: Any) -> None:
+    """Walk the parsed body without recursion (it may be as deep as the parser allowed)."""
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        node, parts = stack.pop()
+        if isinstance(node, dict | list):
+            if len(parts) >= MAX_JSON_DEPTH:
+                raise _too_deep(_json_path(parts, deep=True))
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                if isinstance(key, str) and not is_text(key):
+                    raise ApiError(400, f"the name '{_printable(key)}' in {_json_path(parts)} "
+                                   "contains an unpaired UTF-16 surrogate", "invalid_json",
+                                   _json_path((*parts, key)))
+                stack.append((child, (*parts, key)))
+        elif isinstance(node, str):
+            if not is_text(node):
+                raise ApiError(400, f"{_json_path(parts)} contains an unpaired UTF-16 surrogate",
+                               "invalid_json", _json_path(parts))
+        elif isinstance(node, _NotANumber):
+            raise ApiError(400, f"{_json_path(parts)}: the number {node.text} {node.why}",
+                           "invalid_json", _json_path(parts))
+
+
+def _too_deep(field: str) -> ApiError:
+    return ApiError(400, f"{field}: nests deeper than the {MAX_JSON_DEPTH}-level limit of a request body",
+                    "invalid_json", field)
+
+
+def _printable(key: str) -> str:
+    """A name as it can be written back: its surrogates as `\\udXXX` escapes."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json_path(parts: tuple, deep: bool = False) -> str:
+    """`questions.q1.criteria[0]`, laya's dotted paths plus list indexes. `deep`: the path of a value nested
+    too deeply, cut short (`state[0]`, not sixty `[0]`s): at a list in a list, at most 4 steps."""
+    out = ""
+    for i, part in enumerate(parts):
+        if deep and (i >= 4 or (i and isinstance(part, int) and isinstance(parts[i - 1], int))):
+            break
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + _printable(part)
+    return out or "body"
+
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')
+
+
+def _deep_field(text: str) -> str:
+    """The path of the first value nested past the limit, read off the raw text: the parser gave up (its
+    recursion limit) before there was a value to walk. Only on that failure, so its speed does not matter."""
+    stack: list[list] = []  # per open container: [is_object, key or index]
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            if len(stack) >= MAX_JSON_DEPTH:
+                break
+            stack.append([token == "{", None if token == "{" else 0])
+        elif token in "]}":
+            if stack:
+                stack.pop()
+        elif token == ",":
+            if stack:
+                stack[-1][1] = None if stack[-1][0] else stack[-1][1] + 1
+        elif stack and stack[-1][0] and stack[-1][1] is None:
+            stack[-1][1] = json.loads(token)
+    return _json_path(tuple(entry[1] for entry in stack if entry[1] is not None), deep=True)
 
 
 def error_body(message: str, type_: str, field: str | None, request_id: str | None) -> dict[str, Any]:

@@ -28,6 +28,9 @@ class LayaBackend:
     def prepare(self, state: Any, questions: dict, budgets: dict) -> Any:
         return self.agent.prepare(state, questions, **budgets)
 
+    def can_answer(self, questions: dict) -> bool:
+        return True
+
     def cost(self, prepared: Any) -> tuple[int, int]:
         return len(prepared.rows), max((row.n_tokens for row in prepared.rows), default=0)
 
@@ -46,6 +49,10 @@ class LayaBackend:
     def describe(self) -> dict:
         """The engine that answers (precision, backend, threads), for `/health` and `/stats`."""
         return self.agent.engine.describe()
+
+    def caches(self) -> dict:
+        """What the process caches and its bound, for `/stats` (a soak run reads it beside the RSS)."""
+        return {"question_tokens": self.agent.question_cache.stats()}
 
 
 @dataclass
@@ -78,9 +85,18 @@ class StudentBackend:
             raise InputError(str(exc), field="questions") from None
         return StudentUnit(state, names, len(state_text(state)))
 
+    def can_answer(self, questions: dict) -> bool:
+        """Only the questions it was distilled for, as it was (`select` refuses anything else)."""
+        try:
+            self.student.select(questions)
+        except ValueError:  # InputError is one
+            return False
+        return True
+
     def cost(self, unit: StudentUnit) -> tuple[int, int]:
-        # The student reads the state once for all its heads; ~4 characters per token is enough for a limit.
-        return 1, max(1, unit.chars // 4)
+        # The student reads the state once for all its heads, at most `max_len` tokens of it; ~4 characters
+        # per token is enough for a limit.
+        return 1, max(1, min(unit.chars // 4, self.student.max_len))
 
     def run(self, units: list[StudentUnit]) -> list[dict]:
         results = self.student.predict_batch([u.state for u in units])
@@ -97,6 +113,9 @@ class StudentBackend:
     def describe(self) -> dict:
         return {"precision": "student", "backend": "onnxruntime"}
 
+    def caches(self) -> dict:
+        return {}
+
 
 def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
     if cfg.student:
@@ -106,7 +125,8 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
         return StudentBackend(student, f"student:{student.name}")
     import laya
 
-    agent = laya.load(cfg.model, device=cfg.device, precision=cfg.precision, threads=cfg.torch_threads or None)
+    agent = laya.load(cfg.model, device=cfg.device, precision=cfg.precision, threads=cfg.torch_threads or None,
+                      question_cache_bytes=int(cfg.question_cache_mb * (1 << 20)))
     return LayaBackend(agent, _model_name(cfg.model))
 
 

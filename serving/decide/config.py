@@ -37,6 +37,12 @@ class DecideConfig(Settings):
     max_options: int = option(100, "most options of one question", minimum=1)
     max_state_chars: int = option(50000, "longest state, in characters of its text", minimum=1)
     max_len_cap: int = option(8192, "largest max_len / head_max_len a request may ask for", minimum=1)
+    max_request_rows: int = option(1024, "most question rows (states x questions) in one request; past it 413",
+                                   minimum=1)
+    max_request_tokens: int = option(131072, "most encoder tokens one request may cost (each state's questions x "
+                                             "its longest row, summed over states); past it 413", minimum=1)
+    question_cache_mb: float = option(64.0, "memory the question-token cache may hold per worker, in MiB "
+                                            "(0: no cache)", minimum=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

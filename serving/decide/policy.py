@@ -30,6 +30,9 @@ from serving.decide.mapping_file import read_mapping
 ANSWER_FIELDS = {"choice", "score", "noul", "confidence", "answer_confidence", "low_confidence", "abstention"}
 KEYED_FIELDS = {"probabilities", "legend", "action"}
 _COMPARISONS = ("<=", ">=", "==", "!=", "<", ">")
+# Parentheses and `not`s a rule may nest: each level is a few frames of recursion when parsed and evaluated,
+# and no real rule nests more than a handful.
+MAX_RULE_DEPTH = 32
 _KEYWORDS = {"and", "or", "not", "true", "false", "null"}
 _TOKEN = re.compile(r"""\s*(?:
     (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
@@ -75,21 +78,21 @@ class Not:
 
 @dataclass(frozen=True)
 class Logic:
+    """`a and b and c ...` as ONE node over all its operands: a rule of 1500 terms is a loop, not 1500 nested
+    calls (which ran out of Python's recursion limit at evaluation, failing every request)."""
+
     op: str  # "and" | "or"
-    left: Any
-    right: Any
+    operands: tuple[Any, ...]
 
     def evaluate(self, answers: dict) -> Any:
-        left = self.left.evaluate(answers)
-        decided = (self.op == "and" and left is not None and not left) or (self.op == "or" and bool(left))
-        if decided:
-            return bool(left)
-        right = self.right.evaluate(answers)
-        if self.op == "and" and right is not None and not right:
-            return False
-        if self.op == "or" and right:
-            return True
-        return None if left is None or right is None else bool(right)
+        unknown = False
+        for operand in self.operands:
+            value = operand.evaluate(answers)
+            if value is None:
+                unknown = True
+            elif bool(value) == (self.op == "or"):
+                return self.op == "or"  # `and` meets a false operand, `or` a true one: decided
+        return None if unknown else self.op == "and"
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,16 @@ class _Parser:
     def __init__(self, text: str):
         self.tokens = _tokenize(text)
         self.pos = 0
+        self.depth = 0  # open parentheses and `not`s: each is a level of recursion, here and at evaluation
+
+    def nested(self, parse):
+        self.depth += 1
+        if self.depth > MAX_RULE_DEPTH:
+            raise PolicyError(f"nests deeper than {MAX_RULE_DEPTH} levels of parentheses and 'not'")
+        try:
+            return parse()
+        finally:
+            self.depth -= 1
 
     def peek(self) -> tuple[str, str] | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -140,20 +153,20 @@ class _Parser:
         return node
 
     def expr(self):
-        node = self.conjunction()
+        operands = [self.conjunction()]
         while self.accept("name", "or"):
-            node = Logic("or", node, self.conjunction())
-        return node
+            operands.append(self.conjunction())
+        return operands[0] if len(operands) == 1 else Logic("or", tuple(operands))
 
     def conjunction(self):
-        node = self.negation()
+        operands = [self.negation()]
         while self.accept("name", "and"):
-            node = Logic("and", node, self.negation())
-        return node
+            operands.append(self.negation())
+        return operands[0] if len(operands) == 1 else Logic("and", tuple(operands))
 
     def negation(self):
         if self.accept("name", "not"):
-            return Not(self.negation())
+            return Not(self.nested(self.negation))
         return self.comparison()
 
     def comparison(self):
@@ -176,7 +189,7 @@ class _Parser:
                 raise PolicyError(f"expected a number after '-', got {text!r}")
             return Const(-(float(text) if any(c in text for c in ".eE") else int(text)))
         if (kind, text) == ("op", "("):
-            node = self.expr()
+            node = self.nested(self.expr)
             if not self.accept("op", ")"):
                 raise PolicyError("missing ')'")
             return node
@@ -233,7 +246,10 @@ class Rule:
             node = stack.pop()
             if isinstance(node, Lookup):
                 found.append(node.parts)
-            stack.extend(getattr(node, side) for side in ("right", "left", "operand") if hasattr(node, side))
+            if isinstance(node, Logic):
+                stack.extend(reversed(node.operands))
+            else:
+                stack.extend(getattr(node, side) for side in ("right", "left", "operand") if hasattr(node, side))
         return found
 
 
@@ -250,7 +266,8 @@ class Policy:
             try:
                 node = _Parser(text).parse()
             except PolicyError as exc:
-                raise PolicyError(f"rule {name!r}: {exc} in {text!r}") from None
+                shown = text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}"
+                raise PolicyError(f"rule {name!r}: {exc} in {shown!r}") from None
             self.rules.append(Rule(name, text, node))
 
     def evaluate(self, answers: dict) -> dict[str, Any]:

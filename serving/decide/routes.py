@@ -21,8 +21,9 @@ from serving.decide.metrics import DecideMetrics
 from serving.decide.openapi import openapi
 from serving.decide.policy import Policy
 from serving.decide.presets import load_presets
-from serving.decide.schema import DecideRequest, decide_request, parse_json
+from serving.decide.schema import DecideRequest, decide_request
 from serving.decide.service import Service
+from serving.errors import parse_json
 
 
 class DecideApi:
@@ -69,12 +70,21 @@ class DecideApi:
             "id": backend.name, "object": "model", "owned_by": "pagoda", "kind": backend.kind,
             "questions": sorted(backend.default_questions) if backend.default_questions else None,
         }]
-        return {"data": data, "presets": sorted(self.presets)}
+        return {"data": data, "presets": self.answerable_presets()}
+
+    def answerable_presets(self) -> list[str]:
+        """The presets a request may name and get answers for: all of them for a Laya model (each was checked
+        at startup); for a student, those of its own questions only, so none until it is loaded."""
+        backend = self.service.backend
+        if backend is None:
+            return [] if self.cfg.student else sorted(self.presets)
+        return sorted(name for name, questions in self.presets.items() if backend.can_answer(questions))
 
     def stats(self) -> dict:
         backend = self.service.backend
         return {**self.service.metrics.stats(), "batching": self.cfg.batching,
-                "decision_engine": backend.describe() if backend is not None else None}
+                "decision_engine": backend.describe() if backend is not None else None,
+                "decision_caches": backend.caches() if backend is not None else None}
 
     def health(self) -> dict:
         """Its part of `/health`: the CPU's detected features at once, the engine once the model is loaded."""

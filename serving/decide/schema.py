@@ -9,7 +9,6 @@ Where a limit has to read a state it asks laya for the state's text, so laya's o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,13 +40,6 @@ class DecideRequest:
     preset: str | None = None
 
 
-def parse_json(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-
-
 def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, dict],
                    default_questions: dict | None = None) -> DecideRequest:
     """`default_questions` answers a body with neither questions nor preset (a student's own questions)."""
@@ -72,6 +64,7 @@ def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, 
         check_state_size(states[0], "state", cfg)
     questions, preset = _questions(body, presets, default_questions)
     check_question_counts(questions, cfg)
+    check_rows(len(states), questions, route.endswith("batch"), cfg)
     return DecideRequest(states=states, questions=questions, budgets=_budgets(body, cfg), preset=preset)
 
 
@@ -79,11 +72,21 @@ def check_state_size(state: Any, where: str, cfg: DecideConfig) -> None:
     text = state_text(state, where)
     if len(text) > cfg.max_state_chars:
         raise InputError(f"{where} is too long ({len(text)} > {cfg.max_state_chars} characters)", field=where)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone `\udXXX` escape is legal JSON but no text: the caller's mistake, not a tokenizer's 500.
-        raise InputError(f"{where} contains an unpaired UTF-16 surrogate", field=where) from None
+
+
+def check_rows(n_states: int, questions: Any, batch: bool, cfg: DecideConfig) -> None:
+    """The first cost limit, before anything is tokenised: answers to compute (and to write back). The
+    second, in encoder tokens, needs the rows themselves (`Service.decide`)."""
+    rows = n_states * (len(questions) if isinstance(questions, dict) else 0)
+    if rows > cfg.max_request_rows:
+        raise too_large(f"{rows} question rows ({n_states} states x {len(questions)} questions)", cfg.max_request_rows,
+                        cfg.where("max_request_rows"), "states" if batch else "questions")
+
+
+def too_large(cost: str, limit: int, where: str, field: str) -> ApiError:
+    """413 `request_too_large`: the body is small but what it asks for is more than one request may cost."""
+    return ApiError(413, f"this request needs {cost}, over the server's per-request limit of {limit} ({where}); "
+                    "send fewer states or questions, or a lower max_len", "request_too_large", field)
 
 
 def check_question_counts(questions: Any, cfg: DecideConfig) -> None:

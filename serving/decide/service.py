@@ -17,7 +17,7 @@ from laya.errors import InputError
 from serving.decide.batcher import Batcher, BatchLimits, DeadlineExceeded, ModelError, QueueFull
 from serving.decide.config import DecideConfig
 from serving.decide.metrics import DecideMetrics
-from serving.decide.schema import DecideRequest
+from serving.decide.schema import DecideRequest, too_large
 from serving.errors import ApiError
 
 log = logging.getLogger("pagoda.serve")
@@ -68,7 +68,7 @@ class Service:
             raise ApiError(503, self.error or "the model is still loading", "not_ready",
                            headers={"Retry-After": "1"})
         with batcher.arriving():
-            units = []
+            units, costs, tokens = [], [], 0
             for i, state in enumerate(req.states):
                 try:
                     units.append(backend.prepare(state, req.questions, req.budgets))
@@ -76,8 +76,14 @@ class Service:
                     if batch and exc.path == "state":
                         raise InputError(str(exc), field=f"states[{i}]") from None
                     raise
+                costs.append(backend.cost(units[-1]))
+                tokens += costs[-1][0] * costs[-1][1]
+                if tokens > self.cfg.max_request_tokens:  # stop tokenising: the answer is already no
+                    more = f" for its first {i + 1} of {len(req.states)} states" if i + 1 < len(req.states) else ""
+                    raise too_large(f"{tokens} encoder tokens{more}", self.cfg.max_request_tokens,
+                                    self.cfg.where("max_request_tokens"), "states" if batch else "questions")
             try:
-                pending = batcher.submit(units, [backend.cost(u) for u in units], deadline)
+                pending = batcher.submit(units, costs, deadline)
             except QueueFull as exc:
                 raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
         try:

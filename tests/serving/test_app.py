@@ -161,14 +161,12 @@ def test_http_errors(server):
     assert_error(requests.post(server.url + "/health", timeout=10), 405, "method_not_allowed")
 
 
-def test_model_error_is_500_and_isolated(server, agent, billing_questions):
-    """max_len 2000 on a 1024-position BERT fails inside the forward pass: a real model error."""
+def test_budget_past_the_positions_is_422_and_isolated(server, agent, billing_questions):
+    """max_len 2000 on a 1024-position BERT used to fail inside the forward pass (a 500, and a re-run of
+    every request batched with it); it is refused at validation, and its neighbours never notice."""
     poison = {"state": BILLING_STATE * 60, "questions": billing_questions, "max_len": 2000}
-    r = post(server, "/decide", poison)
-    body = assert_error(r, 500, "model_error")
-    assert body["request_id"] in body["error"]["message"]
-    assert body["request_id"] in server.log()  # the access line and the traceback name it
-    # the next request succeeds, and requests batched WITH a failing one still get their own answers
+    body = assert_error(post(server, "/decide", poison), 422, "invalid_request", "max_len")
+    assert "1024 positions" in body["error"]["message"]
     results: dict[int, requests.Response] = {}
 
     def call(i):
@@ -180,10 +178,11 @@ def test_model_error_is_500_and_isolated(server, agent, billing_questions):
         t.start()
     for t in threads:
         t.join(60)
-    assert results[0].status_code == 500
+    assert results[0].status_code == 422
     for i in range(1, 6):
         assert results[i].status_code == 200, results[i].text
         assert_same_decision(results[i].json(), agent.predict(STATES[i % 3], billing_questions))
+    assert "model forward failed" not in server.log() and "model worker error" not in server.log()
 
 
 def test_metrics_and_stats(server, billing_questions):
