@@ -1,4 +1,4 @@
-"""laya's commands: `decide`, `bench decide`, `train`, `calibrate`, `laya-mini build`.
+"""laya's commands: `decide`, `bench decide`, `train`, `calibrate`, `laya-mini build`, `laya-mini eval`.
 
 Registering only adds parsers; torch and the model load inside the handlers, so `pagoda --help`
 stays fast (docs/architecture.md). Defaults come from the config dataclasses, so a flag's default
@@ -194,6 +194,16 @@ def _register_mini(commands: Any) -> None:
     b.add_argument("--no-assemble", action="store_true", help="--from-scratch: stop after writing the head folder")
     b.set_defaults(func=_mini_build)
 
+    e = sub.add_parser("eval", help="held-out-label intent accuracy vs the MiniLM cosine baseline (same run), "
+                                    "hand-written tickets, the issue-15 acceptance sentences; JSON + PNG")
+    e.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
+    e.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
+    e.add_argument("--tickets", default=None, help="hand-written tickets JSONL (default: datasets/handwritten_tickets.jsonl)")
+    e.add_argument("--n", type=int, default=300, help="utterances per held-out intent set")
+    e.add_argument("--out", default="runs/laya-mini-eval", help="folder for eval.json and eval.png")
+    e.add_argument("--threads", type=int, default=1)
+    e.set_defaults(func=_mini_eval)
+
 
 def _mini_build(args: argparse.Namespace) -> int:
     import time
@@ -221,4 +231,21 @@ def _mini_build(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _mini_eval(args: argparse.Namespace) -> int:
+    from laya.training import mini_eval
+
+    if args.n < 1:
+        print(f"pagoda laya-mini eval: error: --n must be a positive integer, got {args.n}", file=sys.stderr)
+        return 2
+    try:
+        report = mini_eval.evaluate(args.model, Path(args.data), args.tickets, args.n, args.threads)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda laya-mini eval: error: {exc}", file=sys.stderr)
+        return 2
+    js, png = mini_eval.write(report, Path(args.out))
+    print(mini_eval.summary(report))
+    print(f"wrote {js} and {png}")
     return 0

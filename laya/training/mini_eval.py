@@ -1,0 +1,310 @@
+"""laya-mini on real text it never trained on, against the zero-shot baseline computed in the same run.
+
+`pagoda laya-mini eval` (issue 15). Three measurements:
+
+- **held-out-label intents**, 5-way (`laya.corpus.intents.heldout_choice_sets`: CLINC `utility`+`travel`,
+  random and same-domain distractors; Snips GetWeather/RateBook/SearchScreeningEvent): laya-mini's
+  answer vs the cosine similarity of mean-pooled all-MiniLM-L6-v2 embeddings of text and label (the
+  encoder under laya-mini, untrained), on the same items. Labels humanised ("book hotel"); `raw` wording
+  ("book_hotel") is reported too.
+- **hand-written tickets** (`datasets/handwritten_tickets.jsonl`, never used in training or calibration)
+  under the README's support-triage questions (`laya.scenarios` "billing"): department accuracy, churn
+  accuracy (p > 0.5), urgency MAE (expected level vs gold), department ECE at the checkpoint's fitted
+  temperatures, i.e. after calibration; the baseline's department accuracy on rendered options.
+- the issue's **acceptance sentences** (`ACCEPTANCE`, also `tests/laya/test_mini_acceptance.py`).
+
+Answers go through `Agent.prepare/forward/finish`, the path `predict` takes, so temperatures and budgets
+are the checkpoint's own. The baseline's pooling is written here (four lines of mean pooling) rather than
+taken from sentence-transformers, which is not a dependency of `pagoda[laya]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from laya.calibration import ece
+from laya.corpus.intents import DEFAULT_DATA, EVAL_INSTRUCTION, heldout_choice_sets, humanise
+from laya.paths import minilm_dir, source_checkout
+from laya.scenarios import load as scenario
+
+TICKETS_FILE = "handwritten_tickets.jsonl"
+ECE_BINS = 10            # 74 tickets: 15 bins would leave most bins with a handful of items
+GOAL_MARGIN = 0.03       # issue 15: held-out-label accuracy >= baseline + 3 points
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """One of the issue's sentences and the answers the shipped default must give."""
+
+    text: str
+    department: str | None = None
+    churn_above: float | None = None
+    churn_below: float | None = None
+    urgency_at_least: float | None = None
+    urgency_at_most: float | None = None
+
+    def failures(self, answers: dict[str, Any]) -> list[str]:
+        """What this answer gets wrong, as measured values (empty: passes)."""
+        dept = answers["department"]["choice"]
+        churn, urg = answers["churn_risk"]["noul"], answers["urgency"]["score"]
+        bad = []
+        if self.department is not None and dept != self.department:
+            bad.append(f"department {dept} (want {self.department})")
+        if self.churn_above is not None and not churn > self.churn_above:
+            bad.append(f"churn_risk {churn:.3f} (want > {self.churn_above})")
+        if self.churn_below is not None and not churn < self.churn_below:
+            bad.append(f"churn_risk {churn:.3f} (want < {self.churn_below})")
+        if self.urgency_at_least is not None and not urg >= self.urgency_at_least:
+            bad.append(f"urgency {urg:.2f} (want >= {self.urgency_at_least})")
+        if self.urgency_at_most is not None and not urg <= self.urgency_at_most:
+            bad.append(f"urgency {urg:.2f} (want <= {self.urgency_at_most})")
+        return bad
+
+
+ACCEPTANCE = (
+    Acceptance("We were billed twice, refund or we cancel.", "billing", churn_above=0.7, urgency_at_least=1.0),
+    Acceptance("I subscribed last month, but I was charged twice. I want a refund, and I need to cancel my "
+               "account today.", "billing", churn_above=0.7, urgency_at_least=1.0),
+    Acceptance("Our whole team is locked out of production right now", urgency_at_least=1.5),
+    Acceptance("When will my April invoice be sent? No rush.", urgency_at_most=0.5, churn_below=0.3),
+)
+
+
+def default_tickets() -> Path:
+    root = source_checkout()
+    if root is None:
+        raise FileNotFoundError("--tickets: the hand-written tickets ship with the source checkout "
+                                f"(datasets/{TICKETS_FILE}); give their path")
+    return root / "datasets" / TICKETS_FILE
+
+
+def read_tickets(path: Path) -> list[dict[str, Any]]:
+    """Hand-written tickets: `{"id", "text", "department", "department5", "urgency", "churn"}` per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--tickets: file not found: {path}")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        t = json.loads(line)
+        for key, kind in (("text", str), ("department", str), ("urgency", int), ("churn", bool)):
+            if not isinstance(t.get(key), kind):
+                raise ValueError(f"{path}:{i}: field {key!r} must be a {kind.__name__}, got {t.get(key)!r}")
+        out.append(t)
+    if not out:
+        raise ValueError(f"{path}: no tickets")
+    return out
+
+
+# ---- the zero-shot baseline ---------------------------------------------------------------------------
+
+class Cosine:
+    """Sentence-transformers-style embeddings of the base encoder: [CLS] text [SEP], mean over tokens, unit norm."""
+
+    def __init__(self, encoder: Path | None = None, batch_size: int = 64):
+        from transformers import AutoModel, AutoTokenizer
+
+        enc = str(encoder or minilm_dir())
+        self.model = AutoModel.from_pretrained(enc).eval()
+        self.tok = AutoTokenizer.from_pretrained(enc)
+        self.batch_size = batch_size
+        self.cache: dict[str, np.ndarray] = {}
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        import torch
+
+        todo = sorted({t for t in texts if t not in self.cache})
+        with torch.inference_mode():
+            for s in range(0, len(todo), self.batch_size):
+                chunk = todo[s:s + self.batch_size]
+                b = self.tok(chunk, padding=True, truncation=True, max_length=256, return_tensors="pt")
+                h = self.model(**b).last_hidden_state
+                m = b["attention_mask"][..., None].to(h.dtype)
+                e = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+                self.cache.update(zip(chunk, e.numpy()))
+        return np.stack([self.cache[t] for t in texts]) if texts else np.zeros((0, 0))
+
+    def choose(self, text: str, options: list[str]) -> int:
+        t, o = self.embed([text])[0], self.embed(options)
+        return int(np.argmax(o @ t))
+
+
+# ---- laya ---------------------------------------------------------------------------------------------
+
+def _answers(agent, requests: list[tuple[Any, dict]], batch_size: int = 64) -> list[dict[str, Any]]:
+    """`predict` on many (state, questions) pairs, forwarding rows of several requests together."""
+    prepared = [agent.prepare(s, q) for s, q in requests]
+    order = sorted(range(len(prepared)), key=lambda i: max(r.n_tokens for r in prepared[i].rows))
+    out: list[dict[str, Any]] = [{}] * len(prepared)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        outputs = agent.forward([r for i in chunk for r in prepared[i].rows])
+        at = 0
+        for i in chunk:
+            n = len(prepared[i].rows)
+            out[i] = agent.finish(prepared[i], outputs[at:at + n])["answers"]
+            at += n
+    return out
+
+
+def eval_intents(agent, cosine: Cosine, sets: dict[str, list[tuple[str, list[str], int]]]) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for name, items in sets.items():
+        for wording, word in (("human", humanise), ("raw", str)):
+            qs = [(t, {"intent": {"type": "choice", "instructions": EVAL_INSTRUCTION,
+                                  "criteria": [word(o) for o in opts]}}) for t, opts, _ in items]
+            ans = [a["intent"] for a in _answers(agent, qs)]
+            golds = [word(opts[g]) for _, opts, g in items]
+            hit = np.array([a["choice"] == gold for a, gold in zip(ans, golds)], dtype=float)
+            conf = np.array([max(a["probabilities"].values()) for a in ans])
+            base = np.array([cosine.choose(t, [word(o) for o in opts]) == g for t, opts, g in items], dtype=float)
+            key = name if wording == "human" else f"{name}_raw"
+            res[key] = {"n": len(items), "laya": float(hit.mean()), "cosine": float(base.mean()),
+                        "laya_ece10": ece(conf, hit, ECE_BINS)}
+    return res
+
+
+def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[str, Any]:
+    _, questions = scenario("billing")
+    ans = _answers(agent, [(t["text"], questions) for t in tickets])
+    dept = [a["department"] for a in ans]
+    dhit = np.array([d["choice"] == t["department"] for d, t in zip(dept, tickets)], dtype=float)
+    dconf = np.array([max(d["probabilities"].values()) for d in dept])
+    churn = np.array([a["churn_risk"]["noul"] for a in ans])
+    chit = np.array([(p > 0.5) == t["churn"] for p, t in zip(churn, tickets)], dtype=float)
+    urg = np.array([a["urgency"]["score"] for a in ans])
+    gold_urg = np.array([t["urgency"] for t in tickets], dtype=float)
+    crit = questions["department"]["criteria"]
+    rendered = [f"{k}: {v}" for k, v in crit.items()]   # what the option reads as in laya's row
+    keys = list(crit)
+    base = np.array([keys[cosine.choose(t["text"], rendered)] == t["department"] for t in tickets], dtype=float)
+    return {"n": len(tickets), "department": float(dhit.mean()), "department_cosine": float(base.mean()),
+            "department_ece10": ece(dconf, dhit, ECE_BINS), "churn": float(chit.mean()),
+            "churn_ece10": ece(np.maximum(churn, 1 - churn), chit, ECE_BINS),
+            "urgency_mae": float(np.abs(urg - gold_urg).mean()),
+            "_department_conf": dconf.tolist(), "_department_hit": dhit.tolist()}
+
+
+def eval_acceptance(agent) -> list[dict[str, Any]]:
+    _, questions = scenario("billing")
+    out = []
+    for case, a in zip(ACCEPTANCE, _answers(agent, [(c.text, questions) for c in ACCEPTANCE])):
+        out.append({"text": case.text, "department": a["department"]["choice"], "churn_risk": a["churn_risk"]["noul"],
+                    "urgency": a["urgency"]["score"], "failures": case.failures(a)})
+    return out
+
+
+def goals(report: dict[str, Any]) -> dict[str, bool]:
+    """Issue 15's targets, each as measured in this report."""
+    i, t = report["intents"], report["tickets"]
+    g = {f"{k}: laya >= cosine + {GOAL_MARGIN:.2f}": i[k]["laya"] >= i[k]["cosine"] + GOAL_MARGIN - 1e-9
+         for k in ("clinc", "clinc_hard", "snips")}
+    g |= {"tickets department >= 0.90": t["department"] >= 0.90, "tickets churn >= 0.90": t["churn"] >= 0.90,
+          "tickets urgency MAE <= 0.5": t["urgency_mae"] <= 0.5,
+          "tickets department ECE <= 0.05": t["department_ece10"] <= 0.05}
+    g |= {f"acceptance {j + 1}": not a["failures"] for j, a in enumerate(report["acceptance"])}
+    return g
+
+
+def evaluate(model: str | None = None, data: Path = DEFAULT_DATA, tickets: Path | None = None, n: int = 300,
+             threads: int | None = None) -> dict[str, Any]:
+    """The full report (JSON-able). `n` items per intent set (300 in the published figures)."""
+    import torch
+
+    import laya
+
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.time()
+    sets = heldout_choice_sets(Path(data), n)
+    ticket_items = read_tickets(Path(tickets) if tickets else default_tickets())
+    agent = laya.load(model)
+    cosine = Cosine()
+    report = {"model": agent.source, "data": str(data), "n_per_set": n,
+              "intents": eval_intents(agent, cosine, sets), "tickets": eval_tickets(agent, cosine, ticket_items),
+              "acceptance": eval_acceptance(agent)}
+    report["goals"] = goals(report)
+    report["seconds"] = time.time() - t0
+    report["threads"] = torch.get_num_threads()
+    return report
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The printed table: laya-mini vs the cosine baseline, tickets, acceptance, goals."""
+    lines = ["| held-out labels, 5-way | n | laya-mini | cosine baseline | laya - cosine |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for k, v in report["intents"].items():
+        lines.append(f"| {k} | {v['n']} | {v['laya']:.3f} | {v['cosine']:.3f} | {v['laya'] - v['cosine']:+.3f} |")
+    t = report["tickets"]
+    lines += ["", f"hand-written tickets (n={t['n']}): department {t['department']:.3f} (cosine "
+              f"{t['department_cosine']:.3f}), churn {t['churn']:.3f}, urgency MAE {t['urgency_mae']:.3f}, "
+              f"department ECE10 {t['department_ece10']:.3f} (after calibration)", "", "acceptance sentences:"]
+    for a in report["acceptance"]:
+        verdict = "ok  " if not a["failures"] else "FAIL"
+        lines.append(f"  {verdict} department={a['department']} churn_risk={a['churn_risk']:.3f} "
+                     f"urgency={a['urgency']:.2f}  {a['text'][:70]!r}" + (f"  ({'; '.join(a['failures'])})"
+                                                                          if a["failures"] else ""))
+    met = report["goals"]
+    lines += ["", f"issue-15 goals met: {sum(met.values())}/{len(met)}"]
+    lines += [f"  {'met    ' if ok else 'missed '} {name}" for name, ok in met.items()]
+    lines.append(f"({report['seconds']:.0f} s, {report['threads']} thread(s), model {report['model']})")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Bars: laya-mini vs cosine per held-out intent set and on ticket departments; the department
+    reliability diagram next to them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from laya.calibration import reliability_bins
+
+    names = [k for k in report["intents"] if not k.endswith("_raw")] + ["tickets dept"]
+    laya_v = [report["intents"][k]["laya"] for k in names[:-1]] + [report["tickets"]["department"]]
+    cos_v = [report["intents"][k]["cosine"] for k in names[:-1]] + [report["tickets"]["department_cosine"]]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, laya_v, 0.4, label="laya-mini")
+    ax.bar(x + 0.2, cos_v, 0.4, label="MiniLM cosine (no training)")
+    for xi, (a, b) in enumerate(zip(laya_v, cos_v)):
+        ax.text(xi - 0.2, a + 0.01, f"{a:.2f}", ha="center", fontsize=8)
+        ax.text(xi + 0.2, b + 0.01, f"{b:.2f}", ha="center", fontsize=8)
+    ax.set_xticks(x, names)
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("accuracy (5-way; tickets 3-way)")
+    ax.set_title("held-out labels and hand-written tickets")
+    ax.legend(loc="lower left", fontsize=8)
+    t = report["tickets"]
+    conf, hit = np.array(t["_department_conf"]), np.array(t["_department_hit"])
+    bx, by, _ = reliability_bins(conf, hit, ECE_BINS)
+    ax2.plot([0, 1], [0, 1], ":", color="grey")
+    ax2.plot(bx, by, "o-", label=f"department (ECE10 {t['department_ece10']:.3f})")
+    ax2.set_xlim(0, 1)
+    ax2.set_ylim(0, 1)
+    ax2.set_xlabel("confidence (top probability)")
+    ax2.set_ylabel("accuracy")
+    ax2.set_title(f"tickets, after calibration (n={t['n']})")
+    ax2.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    """`out/eval.json` and `out/eval.png`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    js, png = out / "eval.json", out / "eval.png"
+    js.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot(report, png)
+    return js, png

@@ -1,0 +1,161 @@
+"""`pagoda laya-mini eval` and its data: the held-out-label split holds, the examples are valid decisions of all
+three types, the baseline and the checks compute what they claim, and the command runs end to end on a tiny
+fixture data folder (CLINC150 / Snips layout) with a tiny checkpoint."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from laya.corpus import intents
+from laya.training import mini_eval
+from laya.training.examples import items_from_example
+
+CLINC_DOMAINS = {  # two held-out domains (as in the real split) and two trained ones
+    "utility": ["weather", "timer", "alarm", "date", "calculator"],
+    "travel": ["book_hotel", "book_flight", "flight_status", "exchange_rate", "travel_alert"],
+    "banking": ["transfer", "balance", "freeze_account", "bill_due", "pay_bill"],
+    "kitchen_and_dining": ["recipe", "calories", "restaurant_reviews", "meal_suggestion", "cook_time"],
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A few utterances per intent in the real files' formats (the words make text and label overlap)."""
+    root = tmp_path_factory.mktemp("shared")
+
+    def utter(y, i):
+        return f"please {intents.humanise(y)} for me number {i}"
+
+    full = {split: [[utter(y, i), y] for ys in CLINC_DOMAINS.values() for y in ys for i in range(n)]
+            for split, n in (("train", 6), ("val", 2), ("test", 4))}
+    full |= {f"oos_{s}": [[f"tell me a joke {i}", "oos"] for i in range(3)] for s in ("train", "val", "test")}
+    (root / "clinc150").mkdir()
+    (root / "clinc150" / "data_full.json").write_text(json.dumps(full))
+    (root / "clinc150" / "domains.json").write_text(json.dumps(CLINC_DOMAINS))
+    (root / "snips").mkdir()
+    for split, n in (("train", 8), ("validate", 4)):
+        for y in intents.SNIPS_INTENTS:
+            rows = [{"data": [{"text": "could you "}, {"text": intents.humanise(y), "entity": "x"},
+                              {"text": f" now {i}"}]} for i in range(n)]
+            (root / "snips" / f"{split}_{y}.json").write_text(json.dumps({y: rows}), encoding="latin-1")
+    return root
+
+
+def test_humanise():
+    assert intents.humanise("GetWeather") == "get weather"
+    assert intents.humanise("book_hotel") == "book hotel"
+    assert intents.humanise("SearchScreeningEvent") == "search screening event"
+
+
+def test_heldout_labels_never_reach_training(data):
+    held = intents.heldout_labels(data)
+    assert {"weather", "book_hotel", "GetWeather", "RateBook"} <= held and "transfer" not in held
+    src = intents.IntentSource(data, "train", seed=0)
+    rng = random.Random(1)
+    types = set()
+    for _ in range(400):
+        ex = src.example(rng)
+        q = ex["questions"]["intent"]
+        types.add(q["type"])
+        shown = list(q.get("criteria", [])) + [q["instructions"]]
+        for label in held:
+            # the held-out intent names appear in no option and no instruction (humanised or raw)
+            assert not any(intents.humanise(label) == intents.humanise(s) or label in s for s in shown), (label, q)
+        assert not any(intents.humanise(h) in ex["state"] for h in held)
+        assert q["instructions"] != intents.EVAL_INSTRUCTION
+        items_from_example({k: v for k, v in ex.items() if k != "teacher"}, "intents")   # a valid example
+    assert types == {"choice", "noul"}
+    qs = [src.example(random.Random(s))["questions"]["intent"] for s in range(300)]
+    sizes = {len(q["criteria"]) for q in qs if q["type"] == "choice"}
+    assert min(sizes) == 2 and max(sizes) == 12
+
+
+def test_out_of_scope_texts_are_negatives(data):
+    src = intents.IntentSource(data, "train", seed=0, p_oos=1.0)
+    for s in range(50):
+        ex = src.example(random.Random(s))
+        assert ex["state"].startswith("tell me a joke")
+        q, gold = ex["questions"]["intent"], ex["labels"]["intent"]
+        if q["type"] == "noul":
+            assert gold is False
+        else:
+            assert gold in intents.CATCH_ALL and ex["teacher"]["intent"][gold] is None
+
+
+def test_heldout_sets_are_five_way_on_heldout_test_text(data):
+    sets = intents.heldout_choice_sets(data, n=10)
+    held = set(intents.clinc_heldout(data))
+    dom = intents.clinc_domain_of(data)
+    test_texts = {t for t, _ in intents.clinc(data, "test")}
+    for name in ("clinc", "clinc_hard"):
+        assert len(sets[name]) == 10
+        for text, opts, gold in sets[name]:
+            assert len(set(opts)) == 5 and set(opts) <= held and text in test_texts
+            assert intents.humanise(opts[gold]) in text
+            if name == "clinc_hard":
+                assert len({dom[o] for o in opts}) == 1
+    for _text, opts, gold in sets["snips"]:
+        assert opts[gold] in intents.SNIPS_HELDOUT and len(set(opts)) == 5
+    assert sets == intents.heldout_choice_sets(data, n=10)    # fixed by its seed
+
+
+def test_missing_data_names_the_flag(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--data"):
+        intents.heldout_choice_sets(tmp_path)
+
+
+def test_acceptance_checks_fail_on_wrong_answers():
+    case = mini_eval.ACCEPTANCE[0]
+
+    def ans(dept, churn, urg):
+        return {"department": {"choice": dept}, "churn_risk": {"noul": churn}, "urgency": {"score": urg}}
+
+    assert case.failures(ans("billing", 0.9, 1.2)) == []
+    assert len(case.failures(ans("technical", 0.2, 0.1))) == 3
+    assert mini_eval.ACCEPTANCE[3].failures(ans("billing", 0.5, 0.2)) == ["churn_risk 0.500 (want < 0.3)"]
+
+
+def test_cosine_baseline_picks_the_matching_label():
+    cos = mini_eval.Cosine()
+    assert cos.choose("what's the weather like in Paris tomorrow", ["book hotel", "get weather", "play music"]) == 1
+    assert cos.choose("play some jazz by Miles Davis", ["book hotel", "get weather", "play music"]) == 2
+    e = cos.embed(["a", "b"])
+    assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+
+
+def test_tickets_file_is_valid_and_bad_lines_name_the_field(tmp_path):
+    tickets = mini_eval.read_tickets(mini_eval.default_tickets())
+    assert len(tickets) >= 60 and {t["department"] for t in tickets} == {"billing", "technical", "other"}
+    bad = tmp_path / "t.jsonl"
+    bad.write_text(json.dumps({"text": "x", "department": "billing", "urgency": "high", "churn": False}) + "\n")
+    with pytest.raises(ValueError, match="'urgency'"):
+        mini_eval.read_tickets(bad)
+
+
+def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
+    from serving.cli import main
+
+    tickets = tmp_path / "t.jsonl"
+    tickets.write_text("".join(json.dumps({"text": f"refund my invoice {i}", "department": "billing", "urgency": 1,
+                                           "churn": False}) + "\n" for i in range(6)))
+    rc = main(["laya-mini", "eval", "--model", laya_tiny_bert, "--data", str(data), "--tickets", str(tickets),
+               "--n", "6", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert (tmp_path / "out" / "eval.png").stat().st_size > 1000
+    assert set(report["intents"]) == {"clinc", "clinc_raw", "clinc_hard", "clinc_hard_raw", "snips", "snips_raw"}
+    # the fixture's utterances contain their label: the real encoder's cosine baseline gets them right
+    assert report["intents"]["clinc"]["cosine"] == 1.0 and report["intents"]["snips"]["cosine"] == 1.0
+    assert report["tickets"]["n"] == 6 and 0 <= report["tickets"]["department"] <= 1
+    assert len(report["acceptance"]) == 4 and len(report["goals"]) == 11
+    assert "cosine baseline" in out and "acceptance sentences" in out
+
+
+def test_eval_command_rejects_a_missing_data_folder(tmp_path, capsys):
+    from serving.cli import main
+
+    rc = main(["laya-mini", "eval", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--data" in capsys.readouterr().err
