@@ -8,6 +8,8 @@ import pytest
 
 import laya
 from laya.calibration import Temperatures, bucket_key, clamp_temperature
+from laya.errors import InputError
+from laya.lru import ByteLRU
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = "Hi, we were billed twice for March."
@@ -126,3 +128,125 @@ def test_temperature_clamp_and_buckets():
     with pytest.warns(RuntimeWarning, match="temperature\\[1\\]='x' -> 1"):
         t = Temperatures.from_config([1.0, "x", 2.0], {"score:11+": 0.01})
     assert t.lookup(1, 12) == 0.5 and t.lookup(1, 3) == 1.0 and t.lookup(2, 2) == 2.0
+
+
+# ---- inputs a model cannot hold, texts a tokenizer cannot read, keys JSON cannot tell apart -------------------
+
+@pytest.fixture(scope="module")
+def bert_agent(laya_tiny_bert):
+    """A BERT encoder: absolute positions, 1024 of them, so a budget past them is a real failure to refuse."""
+    return laya.load(laya_tiny_bert, question_cache_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("field", ["max_len", "head_max_len"])
+def test_budget_past_the_encoder_positions_is_refused_before_compute(bert_agent, field):
+    assert bert_agent.max_positions == 1024
+    with pytest.raises(InputError, match=f"{field}: 1025 is more than this model's 1024 positions") as err:
+        bert_agent.prepare("word " * 3000, {"q": OK}, **{field: 1025})
+    assert err.value.path == field
+    assert bert_agent.predict("word " * 3000, {"q": OK}, max_len=1024)["usage"]["input_tokens"] == 1024
+
+
+def test_checkpoint_whose_budget_passes_its_positions_is_refused_at_load(laya_tiny_bert, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(laya_tiny_bert, ck)
+    cfg = json.loads((ck / "rl_agent_config.json").read_text())
+    (ck / "rl_agent_config.json").write_text(json.dumps({**cfg, "max_len": 1025}))
+    with pytest.raises(ValueError, match=r"max_len 1025 is more than the encoder's 1024 positions"):
+        laya.load(ck)
+
+
+@pytest.mark.parametrize("questions,path", [
+    ({"q": {**OK, "instructions": "Which \ud800 department?"}}, "questions.q.instructions"),
+    ({"q": {**OK, "criteria": ["billing", "oth\udfffer"]}}, "questions.q.criteria"),
+    ({"q": {**OK, "criteria": {"billing": "invoices \ud83d"}}}, "questions.q.criteria"),
+])
+def test_unpaired_surrogates_in_a_question_name_the_field(agent, questions, path):
+    with pytest.raises(InputError, match="unpaired UTF-16 surrogate") as err:
+        agent.predict(STATE, questions)
+    assert err.value.path == path
+
+
+def test_unreadable_states_name_the_state(agent):
+    with pytest.raises(InputError, match="unpaired UTF-16 surrogate") as err:
+        agent.predict("billed \ud800 twice", {"q": OK})
+    assert err.value.path == "state"
+    with pytest.raises(InputError, match="unpaired UTF-16 surrogate"):
+        agent.predict([{"role": "user", "content": "x\udc00"}], {"q": OK})
+    deep: list = []
+    for _ in range(10_000):
+        deep = [deep]
+    with pytest.raises(InputError, match="nests too deeply") as err:
+        agent.predict(deep, {"q": OK})
+    assert err.value.path == "state"
+    circular: dict = {}
+    circular["self"] = circular
+    with pytest.raises(InputError, match="cannot be written as JSON"):
+        agent.predict(circular, {"q": OK})
+    # a surrogate pair in JSON (an emoji written as two escapes) decodes to one character: text, and answers
+    emoji = json.loads('"billed twice \\ud83d\\ude00"')
+    assert emoji.endswith("\U0001f600") and agent.predict(emoji, {"q": OK})["answers"]["q"]["type"] == "choice"
+
+
+@pytest.mark.parametrize("labels,match", [
+    ([1, "1"], r"label 1 \('1'\) and label 0 \(1\) are the same key '1'"),
+    ([True, "true"], r"same key 'true'"),
+    (["x", 1.5, "1.5"], r"label 2 \('1.5'\) and label 1 \(1.5\)"),
+    ([float("nan"), 1], r"label 0 \(nan\) is not a finite number"),
+    ([1, float("inf")], r"label 1 \(inf\) is not a finite number"),
+])
+def test_choice_labels_must_be_distinct_json_keys(agent, labels, match):
+    with pytest.raises(InputError, match=match) as err:
+        agent.predict(STATE, {"q": {**OK, "criteria": labels}})
+    assert err.value.path == "questions.q.criteria"
+
+
+def test_numeric_labels_answer_strict_json(agent):
+    """Labels of several types that stay distinct as JSON keys answer, and the answer is strict JSON."""
+    answer = agent.predict(STATE, {"q": {**OK, "criteria": [1, 2.5, "x", False]}})["answers"]["q"]
+
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), keys
+        return dict(pairs)
+
+    def no_constants(name):
+        raise AssertionError(f"{name} in an answer")
+
+    text = json.dumps(answer)
+    back = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    assert list(back["probabilities"]) == ["1", "2.5", "x", "false"]
+
+
+def test_question_token_cache_is_bounded_by_bytes(bert_agent):
+    """Distinct large questions (~200 KB of instructions each) keep at most the cache's byte budget, and a
+    row never needs more instruction tokens than the positions, so no more are kept."""
+    cache = bert_agent.question_cache
+    big = "word " * 40_000
+    answers = []
+    for i in range(6):
+        q = {"q": {"type": "noul", "instructions": f"question {i}: {big}"}}
+        answers.append(bert_agent.predict(STATE, q)["answers"]["q"])
+        stats = cache.stats()
+        assert stats["bytes"] <= stats["max_bytes"] == 1 << 20, stats
+    assert cache.stats()["entries"] <= 5
+    # the cached (truncated) head builds the same row as a fresh tokenisation: answers are unchanged
+    q = {"q": {"type": "noul", "instructions": f"question 5: {big}"}}
+    hits = cache.stats()["hits"]
+    assert bert_agent.predict(STATE, q)["answers"]["q"] == answers[5] and cache.stats()["hits"] == hits + 1
+    fresh = laya.load(bert_agent.source, question_cache_bytes=0)
+    assert fresh.predict(STATE, q)["answers"]["q"] == answers[5] and fresh.question_cache.stats()["entries"] == 0
+
+
+def test_byte_lru_keeps_the_most_recent_within_its_budget():
+    lru = ByteLRU(10, lambda key, value: len(value))
+    for key in "abc":
+        lru.get(key, lambda k=key: k * 4)            # 4 bytes each: "a" is dropped when "c" arrives
+    assert lru.stats()["entries"] == 2 and lru.stats()["bytes"] == 8
+    assert lru.get("b", lambda: "never computed") == "bbbb"
+    lru.get("d", lambda: "dddd")                     # "c" was the least recent: dropped, "b" kept
+    assert list(lru._entries) == ["b", "d"]
+    assert lru.get("c", lambda: "fresh") == "fresh" and list(lru._entries) == ["d", "c"]
+    assert lru.get("big", lambda: "z" * 11) == "z" * 11 and "big" not in lru._entries  # over budget: not kept
+    with pytest.raises(ValueError):
+        ByteLRU(-1, len)
