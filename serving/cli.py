@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "generation.cli",
     "serving.cli",
     "serving.gateway.cli",
+    "serving.soak",
 )
 
 

@@ -1,0 +1,295 @@
+"""The HTTP layer under hostile clients, against a real `pagoda serve` on loopback (raw sockets for the slow ones).
+
+Slow clients (headers trickled, bodies shorter than their Content-Length) and idle connections cost the server
+a socket on its event loop, never a request thread, so good requests keep answering beside them; the front's own
+refusals (bad framing, big headers, bodies over the limit, chunked or not, stalls) come in the JSON error shape.
+Every wait here is bounded (socket timeouts, requests timeouts, fixed loop counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+from serving_support import API_KEY, BILLING_STATE, TINY_BERT, ServerProcess
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+DECIDE = {"state": BILLING_STATE, "preset": "support-triage"}
+CAP = 260  # above the 200 idle + 50 slow connections of the tests that must not reach it
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("front-logs")
+    proc = ServerProcess(logs / "front.log", ["--model", str(TINY_BERT), "--header-timeout-s", "2",
+                                              "--body-timeout-s", "2", "--keepalive-s", "30",
+                                              "--max-connections", str(CAP), "--threads", "8"],
+                         env={"PAGODA_API_KEY": API_KEY})
+    proc.running(headers=AUTH)
+    yield proc
+    proc.stop()
+
+
+def connect(server: ServerProcess, timeout: float = 10.0) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    return s
+
+
+def read_response(s: socket.socket) -> tuple[int, dict, bytes]:
+    """One whole response off a raw socket (Content-Length framed, as every error answer is)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response head: {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, headers, rest[:length]
+
+
+def assert_json_error(status: int, headers: dict, body: bytes, want_status: int, want_type: str) -> dict:
+    assert status == want_status, body
+    assert headers["content-type"].startswith("application/json")
+    doc = json.loads(body)
+    assert doc["error"]["type"] == want_type and doc["error"]["message"]
+    assert doc["request_id"] == headers["x-request-id"]
+    return doc
+
+
+def good_requests(server: ServerProcess, n: int = 5) -> None:
+    """Decisions and health answer while the hostile clients hold their sockets (a frozen server times out)."""
+    with requests.Session() as http:
+        for _ in range(n):
+            r = http.post(server.url + "/decide", json=DECIDE, headers=AUTH, timeout=10)
+            assert r.status_code == 200, r.text
+            assert set(r.json()["answers"]) == {"department", "urgency", "churn_risk"}
+            assert http.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_trickled_headers_do_not_freeze_the_server(front):
+    slow = [connect(front) for _ in range(70)]
+    request = f"POST /decide HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n".encode()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for i in range(len(request)):  # one byte per connection every 0.5 s, for at most the whole head
+            if stop.is_set():
+                return
+            for s in slow:
+                try:
+                    s.send(request[i:i + 1])
+                except OSError:
+                    pass
+            time.sleep(0.5)
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        time.sleep(0.6)
+        good_requests(front)
+        # each trickler is cut off at the head deadline (2 s) with a JSON 408, whatever it still meant to send
+        for s in slow[:5]:
+            assert_json_error(*read_response(s), 408, "request_timeout")
+    finally:
+        stop.set()
+        t.join(timeout=60)
+        for s in slow:
+            s.close()
+
+
+def test_bodies_shorter_than_their_length_do_not_hold_threads(front):
+    # 70 short bodies against 8 request threads: with a thread per body the server would freeze
+    head = (f"POST /decide HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode()
+    short = [connect(front) for _ in range(70)]
+    try:
+        for s in short:
+            s.sendall(head + b'{"state": "')
+        good_requests(front)
+        doc = assert_json_error(*read_response(short[0]), 408, "request_timeout")
+        assert "--body-timeout-s" in doc["error"]["message"]
+    finally:
+        for s in short:
+            s.close()
+
+
+def test_idle_connections_do_not_delay_a_good_request(front):
+    idle = [connect(front) for _ in range(200)]
+    try:
+        good_requests(front, n=3)
+        idle[0].settimeout(0.2)
+        with pytest.raises(TimeoutError):  # still open: under the cap, an idle connection waits its keepalive
+            idle[0].recv(1)
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_the_connection_cap_evicts_idle_connections_then_refuses(front):
+    idle = [connect(front) for _ in range(CAP)]
+    try:
+        time.sleep(0.3)  # all accepted
+        good_requests(front, n=1)  # takes the place of the longest-idle connection
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""  # that one was closed for it
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    busy = [connect(front) for _ in range(CAP)]
+    try:
+        for s in busy:
+            s.sendall(b"G")  # a request begun: not idle, not evictable
+        time.sleep(0.3)
+        s = connect(front)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = read_response(s)
+        assert_json_error(status, headers, body, 503, "overloaded")
+        assert headers["retry-after"] == "1"
+        s.close()
+    finally:
+        for s in busy:
+            s.close()
+    time.sleep(0.3)
+    good_requests(front, n=1)
+
+
+def test_a_chunked_body_over_the_limit_is_413(front):
+    def chunks():
+        yield json.dumps(DECIDE).encode()
+        for _ in range(3):
+            yield b" " * (1 << 20)
+
+    r = requests.post(front.url + "/decide", data=chunks(), timeout=30,
+                      headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "payload_too_large"
+
+    def small():
+        yield json.dumps(DECIDE).encode()
+        yield b" " * 1000
+
+    r = requests.post(front.url + "/decide", data=small(), timeout=30,
+                      headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text  # a chunked body under the limit is read whole
+
+
+def test_a_declared_length_over_the_limit_is_413_before_the_body(front):
+    s = connect(front)
+    s.sendall(f"POST /decide HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {5 << 20}\r\n\r\n".encode() + b"{" * 1000)
+    assert_json_error(*read_response(s), 413, "payload_too_large")
+    s.close()
+
+
+@pytest.mark.parametrize("raw, status, type_", [
+    (b"POST /decide HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400, "bad_request"),
+    (b"POST /decide HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+     400, "bad_request"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", 431, "headers_too_large"),
+    (b"NOT HTTP AT ALL\r\n\r\n", 400, "bad_request"),
+    (b"POST /decide HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "bad_request"),
+])
+def test_errors_of_the_http_layer_are_json(front, raw, status, type_):
+    s = connect(front)
+    s.sendall(raw)
+    assert_json_error(*read_response(s), status, type_)
+    s.close()
+    good_requests(front, n=1)
+
+
+def test_post_routes_require_json(front):
+    body = json.dumps(DECIDE)
+    for content_type in (None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
+        r = requests.post(front.url + "/decide", data=body, headers=headers, timeout=10)
+        assert r.status_code == 415, (content_type, r.text)
+        assert r.json()["error"]["type"] == "unsupported_media_type"
+        assert r.json()["error"]["field"] == "Content-Type"
+    r = requests.post(front.url + "/decide", data=body, timeout=10,
+                      headers={**AUTH, "Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 200
+    r = requests.post(front.url + "/nowhere", data=body, headers=AUTH, timeout=10)
+    assert r.status_code == 404  # an unknown route says so, whatever its body
+
+
+def test_the_bearer_scheme_is_case_insensitive(front):
+    for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+        r = requests.get(front.url + "/ready", headers={"Authorization": f"{scheme} {API_KEY}"}, timeout=10)
+        assert r.status_code == 200, scheme
+    for value in (f"Basic {API_KEY}", "Bearer wrong", f"Bearer{API_KEY}", API_KEY, ""):
+        r = requests.get(front.url + "/ready", headers={"Authorization": value}, timeout=10)
+        assert r.status_code == 401, value
+        assert r.json()["error"]["type"] == "unauthorized"
+
+
+def test_keep_alive_pipelining_and_expect_continue(front):
+    s = connect(front)
+    one = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-ID: first\r\n\r\n"
+    two = f"GET /ready HTTP/1.1\r\nHost: x\r\nX-Request-ID: second\r\nAuthorization: Bearer {API_KEY}\r\n\r\n"
+    s.sendall(one + two.encode())  # two requests in one write: answered in order on one connection
+    first, second = read_response(s), read_response(s)
+    assert (first[0], first[1]["x-request-id"]) == (200, "first")
+    assert (second[0], second[1]["x-request-id"]) == (200, "second")
+    body = json.dumps(DECIDE).encode()
+    s.sendall(f"POST /decide HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\nExpect: 100-continue\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    interim = s.recv(1024)
+    assert interim.startswith(b"HTTP/1.1 100 ")
+    s.sendall(body)
+    status, _, answer = read_response(s)
+    assert status == 200 and "department" in json.loads(answer)["answers"]
+    s.close()
+
+
+def test_a_killed_worker_is_replaced(front):
+    """SIGKILL the worker: the master forks a new one, which answers again (its load time: docs/operations.md)."""
+    worker = int(subprocess.run(["pgrep", "-P", str(front.proc.pid)], capture_output=True, text=True,
+                                check=True).stdout.split()[0])
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(front.url + "/ready", headers=AUTH, timeout=5).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"no worker answered after the kill:\n{front.log()[-3000:]}")
+    good_requests(front, n=2)
+
+
+def test_streams_keep_working_beside_slow_clients(gen):
+    """SSE through the front: events arrive one by one and end with [DONE], while 50 clients trickle heads."""
+    slow = [connect(gen) for _ in range(50)]
+    try:
+        for s in slow:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+        with requests.post(gen.url + "/v1/chat/completions", stream=True, timeout=60, json={
+                "model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16,
+                "stream": True}) as r:
+            assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+            events = [line for line in r.iter_lines() if line]
+        assert events[-1] == b"data: [DONE]"
+        chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
+        assert len(chunks) >= 2 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    finally:
+        for s in slow:
+            s.close()
