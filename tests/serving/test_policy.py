@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from serving.decide.policy import Policy, PolicyError
+from serving.gateway.rules import Rules
 
 ANSWERS = {
     "churn_risk": {"type": "noul", "noul": 0.81, "confidence": 0.81},
@@ -57,3 +59,48 @@ def test_load_yaml_and_json(tmp_path):
     (tmp_path / "bad.yaml").write_text("- a list\n")
     with pytest.raises(ValueError, match="mapping"):
         Policy.load(tmp_path / "bad.yaml")
+
+
+def test_a_rule_of_1500_terms_evaluates_and_means_the_same_as_its_short_form():
+    """A long `and`/`or` chain is one node over its terms: evaluating it recurses once, not 1500 times (that
+    passed startup, then raised RecursionError on every request)."""
+    terms = 1500
+    policy = Policy({"all": " and ".join(["churn_risk.noul > 0.5"] * terms),
+                     "any": " or ".join(["urgency.score > 5"] * (terms - 1) + ["churn_risk.noul > 0.5"]),
+                     "unknown": " and ".join(["churn_risk.noul > 0.5"] * (terms - 1) + ["missing.noul > 0.5"]),
+                     "decided": " and ".join(["missing.noul > 0.5"] * (terms - 1) + ["urgency.score > 5"])})
+    assert policy.evaluate(ANSWERS) == {"all": True, "any": True, "unknown": None, "decided": False}
+    assert len(policy.rules[0].paths()) == terms
+
+
+@pytest.mark.parametrize("rule", [
+    "(" * 1000 + "churn_risk.noul > 0.5" + ")" * 1000,
+    "not " * 1000 + "churn_risk.noul",
+    "(" * 33 + "churn_risk.noul" + ")" * 33,
+])
+def test_a_rule_nested_past_the_limit_names_the_rule(rule):
+    with pytest.raises(PolicyError) as err:
+        Policy({"ok": "urgency.score > 1", "deep": rule})
+    message = str(err.value)
+    assert message.startswith("rule 'deep': nests deeper than 32 levels") and len(message) < 250, message
+
+
+def test_nesting_up_to_the_limit_is_fine():
+    policy = Policy({"deep": "(" * 32 + "churn_risk.noul > 0.5" + ")" * 32, "nots": "not " * 32 + "true"})
+    assert policy.evaluate(ANSWERS) == {"deep": True, "nots": True}
+
+
+def test_gateway_route_rules_share_both_bounds(tmp_path):
+    """The gateway's rules are the policy language: the same long rule loads and decides, the same deep one is
+    refused at start naming the file and the rule."""
+    questions = {"needs_reasoning": {"type": "noul", "instructions": "Does this need several steps of reasoning?"}}
+    path = tmp_path / "routes.yaml"
+    path.write_text(yaml.safe_dump({"questions": questions,
+                                    "routes": {"frontier": " and ".join(["needs_reasoning.noul > 0.7"] * 1500)}}))
+    rules = Rules.load(str(path), ["edge", "frontier"])
+    assert rules.policy.rules[0].node.evaluate({"needs_reasoning": {"noul": 0.9}}) is True
+    path.write_text(yaml.safe_dump({"questions": questions,
+                                    "routes": {"frontier": "(" * 500 + "needs_reasoning.noul > 0.7" + ")" * 500}}))
+    with pytest.raises(ValueError) as err:
+        Rules.load(str(path), ["edge", "frontier"])
+    assert str(err.value).startswith(f"route file {path}: rule 'frontier': nests deeper than 32 levels"), err.value
