@@ -14,8 +14,7 @@
 - the issue's **acceptance sentences** (`ACCEPTANCE`, also `tests/laya/test_mini_acceptance.py`).
 
 Answers go through `Agent.prepare/forward/finish`, the path `predict` takes, so temperatures and budgets
-are the checkpoint's own. The baseline's pooling is written here (four lines of mean pooling) rather than
-taken from sentence-transformers, which is not a dependency of `pagoda[laya]`.
+are the checkpoint's own. The baseline is `laya.training.similarity.Cosine` (also the build's teacher).
 """
 
 from __future__ import annotations
@@ -30,8 +29,9 @@ import numpy as np
 
 from laya.calibration import ece
 from laya.corpus.intents import DEFAULT_DATA, EVAL_INSTRUCTION, heldout_choice_sets, humanise
-from laya.paths import minilm_dir, source_checkout
+from laya.paths import source_checkout
 from laya.scenarios import load as scenario
+from laya.training.similarity import Cosine
 
 TICKETS_FILE = "handwritten_tickets.jsonl"
 ECE_BINS = 10            # 74 tickets: 15 bins would leave most bins with a handful of items
@@ -101,39 +101,6 @@ def read_tickets(path: Path) -> list[dict[str, Any]]:
     if not out:
         raise ValueError(f"{path}: no tickets")
     return out
-
-
-# ---- the zero-shot baseline ---------------------------------------------------------------------------
-
-class Cosine:
-    """Sentence-transformers-style embeddings of the base encoder: [CLS] text [SEP], mean over tokens, unit norm."""
-
-    def __init__(self, encoder: Path | None = None, batch_size: int = 64):
-        from transformers import AutoModel, AutoTokenizer
-
-        enc = str(encoder or minilm_dir())
-        self.model = AutoModel.from_pretrained(enc).eval()
-        self.tok = AutoTokenizer.from_pretrained(enc)
-        self.batch_size = batch_size
-        self.cache: dict[str, np.ndarray] = {}
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        import torch
-
-        todo = sorted({t for t in texts if t not in self.cache})
-        with torch.inference_mode():
-            for s in range(0, len(todo), self.batch_size):
-                chunk = todo[s:s + self.batch_size]
-                b = self.tok(chunk, padding=True, truncation=True, max_length=256, return_tensors="pt")
-                h = self.model(**b).last_hidden_state
-                m = b["attention_mask"][..., None].to(h.dtype)
-                e = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
-                self.cache.update(zip(chunk, e.numpy()))
-        return np.stack([self.cache[t] for t in texts]) if texts else np.zeros((0, 0))
-
-    def choose(self, text: str, options: list[str]) -> int:
-        t, o = self.embed([text])[0], self.embed(options)
-        return int(np.argmax(o @ t))
 
 
 # ---- laya ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from laya.corpus import intents
 from laya.training import mini_eval
 from laya.training.examples import items_from_example
+from laya.training.similarity import Cosine
 
 CLINC_DOMAINS = {  # two held-out domains (as in the real split) and two trained ones
     "utility": ["weather", "timer", "alarm", "date", "calculator"],
@@ -118,7 +119,7 @@ def test_acceptance_checks_fail_on_wrong_answers():
 
 
 def test_cosine_baseline_picks_the_matching_label():
-    cos = mini_eval.Cosine()
+    cos = Cosine()
     assert cos.choose("what's the weather like in Paris tomorrow", ["book hotel", "get weather", "play music"]) == 1
     assert cos.choose("play some jazz by Miles Davis", ["book hotel", "get weather", "play music"]) == 2
     e = cos.embed(["a", "b"])
@@ -159,3 +160,35 @@ def test_eval_command_rejects_a_missing_data_folder(tmp_path, capsys):
 
     rc = main(["laya-mini", "eval", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "--data" in capsys.readouterr().err
+
+
+class _FixedCosine:
+    """Teacher stand-in with known similarities: the option text 'transfer' scores highest."""
+
+    def embed(self, texts, progress=False):
+        return None
+
+    def distribution(self, text, options, tau):
+        z = np.array([2.0 if o == "transfer" else 0.0 for o in options]) / tau
+        p = np.exp(z - z.max())
+        return p / p.sum()
+
+
+def test_build_intents_learn_part_of_their_target_from_the_teacher(data):
+    from laya.training import mini
+
+    spec = mini.MiniSpec(data=str(data), teacher_weight=0.4)
+    exs = mini.intent_examples(spec, "train", 200, seed=3, cosine=_FixedCosine())
+    soft = [ex for ex in exs if "targets" in ex]
+    assert soft and all("teacher" not in ex for ex in exs)
+    for ex in soft:
+        dist = ex["targets"]["intent"]
+        assert abs(sum(dist.values()) - 1) < 1e-4
+        gold = max(dist, key=dist.get)
+        assert dist[gold] >= 0.6 - 1e-6             # the gold option keeps 1 - weight at least
+        for k, p in dist.items():
+            if k in intents.CATCH_ALL:
+                assert p == 0.0                       # no text to compare: no teacher mass
+        items_from_example(ex, "mix")                 # what the trainer reads
+    calib = mini.intent_examples(spec, "calib", 50, seed=4, cosine=_FixedCosine())
+    assert all("labels" in ex and "targets" not in ex and "teacher" not in ex for ex in calib)
