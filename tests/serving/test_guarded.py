@@ -1,5 +1,6 @@
 """Auth, a full queue (503 + Retry-After) and a passed deadline (504), on a server with a 2-state queue
-and a 1 s deadline; neither loses or mixes up another request's answer."""
+and a 1 s deadline; neither loses or mixes up another request's answer. Every request is counted: a client
+whose thread raised (a reset connection, a timeout) is a lost request and fails the test."""
 
 from __future__ import annotations
 
@@ -28,14 +29,18 @@ def test_auth(guarded, agent, billing_questions):
 
 def test_overload_503_and_deadline_504(guarded, agent, billing_questions):
     heavy: dict = {}
+    lost: dict[str, BaseException] = {}
 
     def occupy() -> None:
         # 2 long states x 64 questions at max_len 1000: >100 GFLOP, seconds of model time on any CPU,
         # so this request passes its 1 s deadline and the model worker stays busy meanwhile.
         started = time.monotonic()
-        heavy["r"] = requests.post(guarded.url + "/decide/batch", headers=AUTH, timeout=120, json={
-            "states": [BILLING_STATE * 40 + " one", BILLING_STATE * 40 + " two"],
-            "questions": heavy_questions(64), "max_len": 1000})
+        try:
+            heavy["r"] = requests.post(guarded.url + "/decide/batch", headers=AUTH, timeout=120, json={
+                "states": [BILLING_STATE * 40 + " one", BILLING_STATE * 40 + " two"],
+                "questions": heavy_questions(64), "max_len": 1000})
+        except BaseException as exc:  # noqa: BLE001 -- counted as lost below
+            lost["heavy"] = exc
         heavy["s"] = time.monotonic() - started
 
     blocker = threading.Thread(target=occupy)
@@ -44,14 +49,20 @@ def test_overload_503_and_deadline_504(guarded, agent, billing_questions):
     results: dict[int, requests.Response] = {}
 
     def call(i: int) -> None:
-        results[i] = requests.post(guarded.url + "/decide", headers=AUTH, timeout=60,
-                                   json={"state": f"ticket {i}", "questions": billing_questions})
+        try:
+            results[i] = requests.post(guarded.url + "/decide", headers=AUTH, timeout=60,
+                                       json={"state": f"ticket {i}", "questions": billing_questions})
+        except BaseException as exc:  # noqa: BLE001 -- counted as lost below
+            lost[f"ticket {i}"] = exc
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads + [blocker]:
         t.join(120)
+    assert not any(t.is_alive() for t in threads + [blocker]), "a client still waits after 120 s"
+    assert not lost, f"requests without an HTTP answer: {lost}"
+    assert sorted(results) == list(range(len(threads))) and "r" in heavy
     r = heavy["r"]
     assert r.status_code == 504 and r.json()["error"]["type"] == "timeout", r.text
     assert 0.9 <= heavy["s"] < 10
