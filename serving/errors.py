@@ -138,7 +138,7 @@ def _printable(key: str) -> str:
 def _json_path(parts: tuple, deep: bool = False) -> str:
     """`questions.q1.criteria[0]`, laya's dotted paths plus list indexes. `deep`: the path of a value nested
     too deeply, cut short (`state[0]`, not sixty `[0]`s): at a list in a list, at most 4 steps."""
-    out = ""
+    out = "body" if parts and isinstance(parts[0], int) else ""  # a body that is a list, not an object
     for i, part in enumerate(parts):
         if deep and (i >= 4 or (i and isinstance(part, int) and isinstance(parts[i - 1], int))):
             break

@@ -277,5 +277,8 @@ class Policy:
     def load(cls, path: str | Path) -> Policy:
         data = read_mapping(path, "policy")
         rules = data.get("rules", data) if isinstance(data.get("rules"), dict) else data
-        return cls(rules)
+        try:
+            return cls(rules)
+        except PolicyError as exc:
+            raise PolicyError(f"policy file {path}: {exc}") from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from laya.agent import check_answer_keys
 from laya.errors import InputError
 from laya.questions import parse_questions
 from serving.decide.config import DecideConfig
@@ -20,7 +21,7 @@ def load_presets(path: str | Path, cfg: DecideConfig) -> dict[str, dict]:
     for name, questions in data.items():
         try:
             check_question_counts(questions, cfg)
-            parse_questions(questions)
+            check_answer_keys(parse_questions(questions))
         except InputError as exc:
             raise ValueError(f"preset {name!r} in {path}: {exc}") from None
         if not questions:

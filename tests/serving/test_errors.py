@@ -3,6 +3,9 @@ and what a question means is checked by laya alone (serving's schema lets a malf
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 import requests
 from serving_support import BILLING_STATE
@@ -14,6 +17,7 @@ from serving.decide.config import DecideConfig
 from serving.decide.metrics import DecideMetrics
 from serving.decide.schema import DecideRequest, decide_request
 from serving.decide.service import Service
+from serving.errors import ApiError, parse_json
 
 
 def laya_refusal(name: str, qdef: dict) -> InputError:
@@ -89,4 +93,49 @@ def test_service_names_the_batch_state_laya_refused(agent, billing_questions):
     with pytest.raises(InputError) as err:
         service.decide(DecideRequest(states=[7], questions=billing_questions), 0.0, "test", batch=False)
     assert err.value.path == "state"
+    service.batcher.stop()
+
+
+@pytest.mark.parametrize("text,field,words", [
+    ("[" * 10_000 + "]" * 10_000, "body[0]", "64-level limit"),                    # past the parser's recursion
+    ('{"a": {"b": [' + "[" * 70 + "]" * 70 + "]}}", "a.b[0]", "64-level limit"),   # past ours, not the parser's
+    ('{"n": ' + "1" * 4301 + "}", "n", "more than 4300 digits"),
+    ('{"n": [1.5, -Infinity]}', "n[1]", "-Infinity is not JSON"),
+    ('{"n": {"x": 2e308}}', "n.x", "outside the range of a double"),
+    ('{"q": {"\\ud800": 1}}', "q.\\ud800", "unpaired UTF-16 surrogate"),
+    ('{"q": ["ok", "x\\udfff"]}', "q[1]", "unpaired UTF-16 surrogate"),
+    ('"\\ud800"', "body", "unpaired UTF-16 surrogate"),
+])
+def test_parse_json_names_what_it_refuses(text, field, words):
+    with pytest.raises(ApiError) as err:
+        parse_json(text.encode())
+    assert (err.value.status, err.value.type, err.value.field) == (400, "invalid_json", field)
+    assert words in err.value.message
+
+
+def test_parse_json_reads_what_json_allows():
+    text = '{"a": [[["deep enough"]]], "n": -' + "9" * 4300 + ', "f": 1.5e300, "e": "\\ud83d\\ude00 \\u00e9"}'
+    value = parse_json(text.encode())
+    assert value["e"] == "\U0001f600 \u00e9" and value["f"] == 1.5e300 and len(str(value["n"])) == 4301
+    assert parse_json(("[" * 64 + "]" * 64).encode()) == json.loads("[" * 64 + "]" * 64)
+
+
+def test_cost_limits_refuse_before_the_model(agent, billing_questions):
+    """Rows are counted before anything is tokenised; tokens as each state is prepared, stopping at the limit."""
+    cfg = DecideConfig(max_request_rows=5, max_request_tokens=200)
+    with pytest.raises(ApiError) as err:
+        decide_request({"states": ["a", "b"], "questions": billing_questions}, "decide_batch", cfg, {})
+    assert (err.value.status, err.value.type, err.value.field) == (413, "request_too_large", "states")
+    assert "6 question rows (2 states x 3 questions)" in err.value.message
+    service = Service(cfg, DecideMetrics(), request_timeout_s=30)
+    service.attach(LayaBackend(agent, "tiny"))
+    long = DecideRequest(states=[BILLING_STATE * 20] * 3, questions={"q": billing_questions["churn_risk"]},
+                         budgets={"max_len": 150})
+    with pytest.raises(ApiError) as err:
+        service.decide(long, time.monotonic(), "test", batch=True)
+    assert err.value.status == 413 and "300 encoder tokens for its first 2 of 3 states" in err.value.message
+    assert "limit of 200 (--max-request-tokens / PAGODA_MAX_REQUEST_TOKENS)" in err.value.message
+    fits = DecideRequest(states=[BILLING_STATE * 20], questions={"q": billing_questions["churn_risk"]},
+                         budgets={"max_len": 150})
+    assert service.decide(fits, time.monotonic(), "test", batch=True)[0][0]["usage"]["input_tokens"] == 150
     service.batcher.stop()
