@@ -11,8 +11,9 @@ Safety properties the tests hold it to:
 - A full queue refuses at submit (`QueueFull` → 503 + Retry-After) instead of growing without bound.
 - A request past its deadline stops waiting (`DeadlineExceeded` → 504); the worker skips its units
   if they have not run yet, and nothing else in the queue moves.
-- A forward pass that fails with several requests in it is re-run one request at a time, so one
-  request's bad input fails only that request and every other one still gets its own answer.
+- A forward pass that fails with several requests in it is re-run in halves, down to the request that
+  fails alone, so one request's bad input fails only that request and every other one still gets its own
+  answer. (Bad input should never get that far: laya refuses at `prepare` what a model cannot hold.)
 With `batching=False` the worker runs exactly one request per pass: the baseline the benchmark compares to.
 """
 
@@ -234,14 +235,17 @@ class Batcher:
         try:
             outputs = self._run([entry.unit for entry in batch])
         except Exception as exc:  # noqa: BLE001 -- reported per request below, never lost
-            requests = dict.fromkeys(id(e.pending) for e in batch)  # in queue order
+            requests = list(dict.fromkeys(id(e.pending) for e in batch))  # in queue order
             if len(requests) == 1:
                 log.exception("model forward failed")
                 batch[0].pending._fail(ModelError(str(exc)))
                 return
-            # Re-run request by request so only the request that breaks the model fails.
-            for request in requests:
-                self._execute([e for e in batch if id(e.pending) == request])
+            # Re-run each half of the requests, and so on down the failing halves, so only the request that
+            # breaks the model fails: one such request among n costs ~2*log2(n) more passes, not n passes
+            # of one request each (which cut throughput from 32 to 13 req/s when 10% of requests did it).
+            first = set(requests[:len(requests) // 2])
+            self._execute([e for e in batch if id(e.pending) in first])
+            self._execute([e for e in batch if id(e.pending) not in first])
             return
         forward_s = time.monotonic() - start
         self.metrics.observe_batch(len(batch), sum(e.rows for e in batch), forward_s, waits)

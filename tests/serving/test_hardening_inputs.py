@@ -12,12 +12,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
+from prometheus_client import CollectorRegistry
 from serving_support import BILLING_STATE, REPO, TINY_BERT, ServerProcess, heavy_questions
+
+from serving.decide.backend import LayaBackend
+from serving.decide.batcher import Batcher, BatchLimits, ModelError
+from serving.decide.metrics import DecideMetrics
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 PRESET = '"preset": "support-triage"'
@@ -414,3 +421,45 @@ def test_student_lists_only_presets_it_answers_and_refuses_deep_states(tmp_path)
         still_up(server)
     finally:
         server.stop()
+
+
+# ---- a model failure in a shared pass ----------------------------------------------------------------------------
+
+def test_a_failing_pass_is_bisected_not_rerun_request_by_request(agent, billing_questions):
+    """No input laya accepts breaks the model any more (the budget that did is refused above), so the failure
+    here is the model's: a pass fails whenever one marked unit is in it. The 8 requests batched with it are
+    re-run in halves: the marked one fails alone, the others get exactly their own answers, in at most
+    1 + 2*log2(8) passes (request by request took 1 + 8)."""
+    backend = LayaBackend(agent, "tiny")
+    states = [f"ticket {i}: {BILLING_STATE}" for i in range(8)]
+    units = [backend.prepare(s, billing_questions, {}) for s in states]
+    gate = backend.prepare("gate", billing_questions, {})
+    poison, opened, passes = units[5], threading.Event(), []
+
+    def run(batch):
+        passes.append(len(batch))
+        if batch[0] is gate:
+            opened.wait(30)  # hold the worker until all 8 are queued: they then share one pass
+        if any(u is poison for u in batch):
+            raise RuntimeError("the model failed")
+        return backend.run(batch)
+
+    batcher = Batcher(run, BatchLimits(max_wait_ms=0), DecideMetrics(CollectorRegistry()))
+    try:
+        deadline = time.monotonic() + 60
+        held = batcher.submit([gate], [backend.cost(gate)], deadline)
+        while not passes:
+            time.sleep(0.01)
+        pendings = [batcher.submit([u], [backend.cost(u)], deadline) for u in units]
+        opened.set()
+        held.wait()
+        for i, pending in enumerate(pendings):
+            if i == 5:
+                with pytest.raises(ModelError):
+                    pending.wait()
+            else:
+                expected = agent.predict(states[i], billing_questions)
+                assert backend.finish(units[i], pending.wait()[0])["answers"] == expected["answers"]
+    finally:
+        batcher.stop()
+    assert passes[:2] == [1, 8] and len(passes) - 2 <= 6, passes
