@@ -7,17 +7,22 @@ Two parts:
            logits, accept the argmax) at batch 1 and 32, and coverage of the JSON-schema subset the
            issue names plus regex, choices and CFG. Coverage is checked, not assumed: each probe compiles
            a constraint and feeds a valid and an invalid instance, token by token, through the matcher.
-  decode   the engine on SmolLM2 itself: per-token time with and without a constraint at batch 1 and 32
-           (greedy, EOS ignored so both decode the same tokens; best of alternating rounds, wall and CPU
-           clocks), the time the grammar processor itself takes inside the constrained run, compile time
-           of `generation.constraints` cold and cached, and the share of outputs that validate on the 20
-           extraction prompts of `data/extraction_prompts.json`, with and without the constraint.
+  decode   the engine on SmolLM2 itself: per-token time with and without `SamplingParams.constraint`
+           at batch 1 and 32 (greedy, EOS ignored so both decode the same tokens; alternating rounds, wall
+           and CPU clocks: the best of each, and the median of the rounds' own ratios; the load average
+           before and after), the time the grammar processor itself takes inside the constrained run,
+           compile time of `generation.constraints` cold and cached, and the share of outputs that
+           validate on the 20 extraction prompts of `data/extraction_prompts.json`, with and without the
+           constraint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,9 +135,9 @@ def _byte_level_table() -> dict[str, int]:
 
 def apply_bitmask(logits, bitmask) -> None:
     """The engine's own kernel (`generation.constraints`), so the comparison times what decoding will pay."""
-    from generation.constraints import mask_logits, unpack_bitmask
+    from generation.constraints import add_bias, bitmask_bias
 
-    mask_logits(logits, unpack_bitmask(bitmask), list(range(logits.shape[0])))
+    add_bias(logits, bitmask_bias(bitmask.numpy()), list(range(logits.shape[0])))
 
 
 class Candidate:
@@ -454,30 +459,35 @@ def _timed_generate(engine, prompts, params) -> tuple[float, float, int]:
     return time.perf_counter() - wall, time.process_time() - cpu, sum(len(o.token_ids) for o in outs)
 
 
-def _timed_processor_class():
-    """GrammarProcessor that adds the time it spends (masks and accepts) to `seconds`: the overhead measured
-    inside the run itself, which other jobs on a shared machine sway far less than two runs' difference."""
+@contextlib.contextmanager
+def _grammar_time():
+    """Adds the time `GrammarProcessor` spends (masks and accepts) to the yielded dict's `seconds`: the
+    overhead measured inside the run itself, which other jobs on a shared machine sway far less than two
+    runs' difference. It wraps the class the engine builds for `SamplingParams.constraint`."""
     from generation.constraints import GrammarProcessor
 
-    class Timed(GrammarProcessor):
-        seconds = 0.0
+    spent = {"seconds": 0.0}
+    apply_batch, accept = GrammarProcessor.__dict__["apply_batch"], GrammarProcessor.accept
 
-        def fork(self):
-            child = super().fork()
-            return Timed(child.compiled, child.extra_stops, child.matcher)
+    def timed_accept(self, token_id: int) -> None:
+        t = time.perf_counter()
+        accept(self, token_id)
+        spent["seconds"] += time.perf_counter() - t
 
-        def accept(self, token_id: int) -> None:
-            t = time.perf_counter()
-            super().accept(token_id)
-            Timed.seconds += time.perf_counter() - t
+    def timed_apply(cls, *args) -> None:
+        t = time.perf_counter()
+        apply_batch.__func__(cls, *args)
+        spent["seconds"] += time.perf_counter() - t
 
-        @classmethod
-        def apply_batch(cls, processors, prompt_ids, output_ids, logits, rows) -> None:
-            t = time.perf_counter()
-            super().apply_batch(processors, prompt_ids, output_ids, logits, rows)
-            Timed.seconds += time.perf_counter() - t
+    GrammarProcessor.accept, GrammarProcessor.apply_batch = timed_accept, classmethod(timed_apply)
+    try:
+        yield spent
+    finally:
+        GrammarProcessor.accept, GrammarProcessor.apply_batch = accept, apply_batch
 
-    return Timed
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def run_decode(model: str | None = None, *, batches: tuple[int, ...] = (1, 32), new_tokens: int = 32,
@@ -517,41 +527,51 @@ def run_decode(model: str | None = None, *, batches: tuple[int, ...] = (1, 32), 
     for batch in batches:
         chosen = [prompts[i % len(prompts)] + " " * (i // len(prompts)) for i in range(batch)]
         plain = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-        timed = _timed_processor_class()
-        constrained = []
-        for i in range(batch):
-            proc = processor_from_request({"json_schema": tasks[i % len(tasks)]["schema"]}, engine)
-            constrained.append(SamplingParams(max_new_tokens=new_tokens, ignore_eos=True,
-                                              logits_processors=[timed(proc.compiled, proc.extra_stops)]))
+        constrained = [SamplingParams(max_new_tokens=new_tokens, ignore_eos=True,
+                                      constraint={"json_schema": tasks[i % len(tasks)]["schema"]})
+                       for i in range(batch)]
         engine.generate(chosen, plain)
         engine.generate(chosen, constrained)
+        load_before = _load()
         best = {(name, clock): float("inf") for name in ("unconstrained", "constrained") for clock in ("wall", "cpu")}
+        per_round: dict[str, list[float]] = {"wall": [], "cpu": []}
         inside = float("inf")
-        for r in tqdm(range(rounds), desc=f"batch {batch}", leave=False):
-            order = (("unconstrained", plain), ("constrained", constrained))
-            for name, params in order if r % 2 == 0 else order[::-1]:
-                timed.seconds = 0.0
-                wall, cpu, tokens = _timed_generate(engine, chosen, params)
-                steps = tokens / batch
-                best[name, "wall"] = min(best[name, "wall"], 1e3 * wall / steps)
-                best[name, "cpu"] = min(best[name, "cpu"], 1e3 * cpu / steps)
-                if name == "constrained":
-                    inside = min(inside, 1e3 * timed.seconds / steps)
-        row = {f"{name}_{clock}_ms_per_step": v for (name, clock), v in best.items()}
+        with _grammar_time() as spent:
+            for r in tqdm(range(rounds), desc=f"batch {batch}", leave=False):
+                order = (("unconstrained", plain), ("constrained", constrained))
+                this: dict[tuple[str, str], float] = {}
+                for name, params in order if r % 2 == 0 else order[::-1]:
+                    spent["seconds"] = 0.0
+                    wall, cpu, tokens = _timed_generate(engine, chosen, params)
+                    steps = tokens / batch
+                    this[name, "wall"], this[name, "cpu"] = 1e3 * wall / steps, 1e3 * cpu / steps
+                    if name == "constrained":
+                        inside = min(inside, 1e3 * spent["seconds"] / steps)
+                for key, v in this.items():
+                    best[key] = min(best[key], v)
+                for clock in ("wall", "cpu"):
+                    per_round[clock].append(this["constrained", clock] / this["unconstrained", clock])
+        row: dict[str, Any] = {f"{name}_{clock}_ms_per_step": v for (name, clock), v in best.items()}
+        row["load_average"] = f"{load_before} -> {_load()}"
         row["processor_ms_per_step"] = inside
         row["processor_share"] = share = inside / best["unconstrained", "wall"]
+        print(f"batch {batch:>2}: load average (1/5/15 min) {row['load_average']}")
         print(f"batch {batch:>2}: grammar processor {inside:.2f} ms/step = {100 * share:.2f}% of an unconstrained step")
         for clock in ("wall", "cpu"):
             row[f"{clock}_ratio"] = ratio = best["constrained", clock] / best["unconstrained", clock]
+            row[f"{clock}_round_ratios"] = ratios = per_round[clock]
+            row[f"{clock}_median_ratio"] = median = statistics.median(ratios)
             print(f"batch {batch:>2} ({clock}): unconstrained {best['unconstrained', clock]:7.1f} ms/step, "
-                  f"constrained {best['constrained', clock]:7.1f} ms/step -> {ratio:.3f}x ({100 * (ratio - 1):+.1f}%)")
+                  f"constrained {best['constrained', clock]:7.1f} ms/step -> best-of {ratio:.3f}x "
+                  f"({100 * (ratio - 1):+.1f}%), median of rounds {median:.3f}x "
+                  f"[{', '.join(f'{x:.3f}' for x in ratios)}]")
         results["overhead"][batch] = row
 
     # validity on the 20 extraction prompts, greedy
     for name in ("unconstrained", "constrained") if validity else ():
-        params = [SamplingParams(max_new_tokens=validity_tokens, logits_processors=[
-            processor_from_request({"json_schema": t["schema"]}, engine)] if name == "constrained" else [])
-            for t in tasks]
+        params = [SamplingParams(max_new_tokens=validity_tokens,
+                                 constraint={"json_schema": t["schema"]} if name == "constrained" else None)
+                  for t in tasks]
         outs = engine.generate(prompts, params)
         valid, rows = 0, []
         for task, out in zip(tasks, outs):

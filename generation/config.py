@@ -7,13 +7,21 @@ deep in the scheduler would otherwise surface as an obscure tensor error minutes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
+from generation.constraints import Constraint, ConstraintError
 from generation.logits_processor import LogitsProcessor
 
 CACHE_BACKENDS = ("radix", "hashed", "none")
 SCHEDULING_ORDERS = ("fcfs", "lpm", "dfs-weight")
 DTYPES = ("float32", "bfloat16", "float16")
+# Outside this range a temperature is greedy (below) or uniform (above) in all but name, and far outside it
+# the logits divided by it are inf or NaN in float32 (1e-300; 1e300 is inf itself, and -inf / inf is NaN on
+# a masked token): such requests are refused by name rather than failing in torch.multinomial. 0 is greedy.
+TEMPERATURE_RANGE = (1e-5, 1e6)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # torch.Generator's seeds (int64, as vLLM's API takes them)
 
 
 class InvalidParam(ValueError):
@@ -28,6 +36,26 @@ class InvalidParam(ValueError):
 def _require(ok: bool, where: str, name: str, message: str) -> None:
     if not ok:
         raise InvalidParam(f"{where}.{name}: {message}", name)
+
+
+def _real(value: Any) -> bool:
+    """A finite int or float, not a bool: `"1"`, True, NaN and inf are refused here, by name, instead of failing
+    later as a TypeError in a comparison or as NaN probabilities in the sampler."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (JSON spells one "\\ud800"), or None: such a string is no text a
+    tokenizer takes (it fails deep inside as a TypeError), so prompts and stop strings are refused by name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 @dataclass
@@ -85,7 +113,12 @@ class SamplingParams:
     samples nothing. `skip_special_tokens=False` keeps special tokens in the text. `cache_salt` keeps
     tenants apart: a prefix cached under one salt never serves another salt. `logits_processors` edit
     this request's logits before sampling (see `generation.logits_processor`); each request gets its
-    own `fork()` of every processor. Errors are `InvalidParam`s naming the field.
+    own `fork()` of every processor. `constraint` makes the output follow a JSON schema, any JSON object, a
+    regex, a list of choices or a grammar (`generation.constraints`): a spec such as `{"json_schema":
+    schema}` or `{"regex": "[0-9]+"}`, checked here and kept as the canonical `Constraint`; the engine
+    compiles it for its tokenizer when the request is added and masks each step's logits with it (before
+    `logits_processors`). Errors are `InvalidParam`s naming the field (`constraint.json_schema.properties.x`
+    for a schema keyword that would not be enforced).
     """
 
     max_new_tokens: int = 64
@@ -106,32 +139,53 @@ class SamplingParams:
     prompt_logprobs_start: int = 0
     cache_salt: str | None = None
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    constraint: dict[str, Any] | Constraint | None = None
 
     def __post_init__(self) -> None:
         w = "SamplingParams"
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        _require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0, w, "max_new_tokens", "must be an int >= 0")
-        _require(self.temperature >= 0, w, "temperature", "must be >= 0")
-        _require(isinstance(self.top_k, int) and self.top_k >= 0, w, "top_k", "must be an int >= 0 (0 disables)")
-        _require(0 < self.top_p <= 1, w, "top_p", "must be in (0, 1]")
-        _require(0 <= self.min_p < 1, w, "min_p", "must be in [0, 1)")
-        _require(self.repetition_penalty > 0, w, "repetition_penalty", "must be > 0")
-        _require(-2 <= self.frequency_penalty <= 2, w, "frequency_penalty", "must be in [-2, 2]")
-        _require(-2 <= self.presence_penalty <= 2, w, "presence_penalty", "must be in [-2, 2]")
-        _require(all(isinstance(s, str) and s for s in self.stop), w, "stop", "must be non-empty strings")
-        _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), w, "stop_token_ids", "must be ints >= 0")
-        _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), w, "logprobs", "must be None or an int in [0, 20]")
-        _require(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
+        _require(_int(self.max_new_tokens) and self.max_new_tokens >= 0, w, "max_new_tokens", "must be an int >= 0")
+        low, high = TEMPERATURE_RANGE
+        _require(_real(self.temperature) and (self.temperature == 0 or low <= self.temperature <= high), w,
+                 "temperature", f"must be 0 (greedy) or a number in [{low:g}, {high:g}], got {self.temperature!r}")
+        _require(_int(self.top_k) and self.top_k >= 0, w, "top_k", "must be an int >= 0 (0 disables)")
+        _require(_real(self.top_p) and 0 < self.top_p <= 1, w, "top_p", "must be a number in (0, 1]")
+        _require(_real(self.min_p) and 0 <= self.min_p < 1, w, "min_p", "must be a number in [0, 1)")
+        _require(_real(self.repetition_penalty) and self.repetition_penalty > 0, w, "repetition_penalty",
+                 "must be a number > 0")
+        _require(_real(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, w, "frequency_penalty",
+                 "must be a number in [-2, 2]")
+        _require(_real(self.presence_penalty) and -2 <= self.presence_penalty <= 2, w, "presence_penalty",
+                 "must be a number in [-2, 2]")
+        _require(isinstance(self.stop, list | tuple) and all(isinstance(s, str) and s for s in self.stop), w, "stop",
+                 "must be a list of non-empty strings")
+        _require(all(lone_surrogate(s) is None for s in self.stop), w, "stop",
+                 "must be valid Unicode text (no lone surrogates)")
+        self.stop = list(self.stop)
+        _require(isinstance(self.stop_token_ids, list | tuple) and all(_int(t) and t >= 0 for t in self.stop_token_ids),
+                 w, "stop_token_ids", "must be a list of ints >= 0")
+        self.stop_token_ids = list(self.stop_token_ids)
+        _require(isinstance(self.ignore_eos, bool), w, "ignore_eos", "must be a bool")
+        _require(self.logprobs is None or (_int(self.logprobs) and 0 <= self.logprobs <= 20), w, "logprobs",
+                 "must be None or an int in [0, 20]")
+        _require(self.prompt_logprobs is None or (_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
                  w, "prompt_logprobs", "must be None or an int in [0, 20]")
-        _require(isinstance(self.prompt_logprobs_start, int) and self.prompt_logprobs_start >= 0, w,
+        _require(_int(self.prompt_logprobs_start) and self.prompt_logprobs_start >= 0, w,
                  "prompt_logprobs_start", "must be an int >= 0")
-        _require(self.seed is None or isinstance(self.seed, int), w, "seed", "must be an int or None")
+        _require(self.seed is None or (_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]), w, "seed",
+                 f"must be None or an int in [-2**63, 2**63 - 1], got {self.seed!r}")
         _require(isinstance(self.skip_special_tokens, bool), w, "skip_special_tokens", "must be a bool")
+        _require(self.cache_salt is None or isinstance(self.cache_salt, str), w, "cache_salt", "must be a string or None")
         _require(isinstance(self.logits_processors, list | tuple)
                  and all(isinstance(p, LogitsProcessor) for p in self.logits_processors), w, "logits_processors",
                  "must be a list of generation.logits_processor.LogitsProcessor instances")
         self.logits_processors = list(self.logits_processors)
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            try:
+                self.constraint = Constraint.from_spec(self.constraint)
+            except ConstraintError as exc:
+                raise InvalidParam(f"{w}.{exc.field}: {exc.detail}", exc.field) from None
 
     @property
     def greedy(self) -> bool:
@@ -139,11 +193,11 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """True when argmax over raw logits is the whole story, which lets a batch skip per-row work."""
-        return (
-            self.greedy
-            and not self.logits_processors
-            and self.repetition_penalty == 1.0
-            and self.frequency_penalty == 0.0
-            and self.presence_penalty == 0.0
-        )
+        """True when argmax over raw logits is the whole story: no processors, constraint or penalties."""
+        return self.greedy and not self.logits_processors and self.constraint is None and not self.penalized
+
+    @property
+    def penalized(self) -> bool:
+        """A repetition, frequency or presence penalty is on: the row's logits depend on its own tokens, so
+        it is sampled on its own (a greedy row without penalties takes its token from the batch's argmax)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from generation.block_manager import BlockManager
-from generation.config import EngineConfig, InvalidParam, SamplingParams
+from generation.config import EngineConfig, InvalidParam, SamplingParams, lone_surrogate
+from generation.constraints import ConstraintError, GrammarProcessor, processor_from_request
 from generation.model_runner import ModelRunner, StepLogits
 from generation.prefix_cache import make_prefix_cache
 from generation.sampler import logprob_record, sample
@@ -92,8 +93,12 @@ class Engine:
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
+            at = lone_surrogate(prompt)
+            if at is not None:
+                raise InvalidParam(f"prompt: not valid Unicode text (a lone surrogate {prompt[at]!r} at character "
+                                   f"{at})", "prompt")
             return self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
             if bad:
                 raise InvalidParam(f"prompt: token ids {bad[:5]} outside the vocabulary (size "
@@ -103,7 +108,13 @@ class Engine:
 
     def check_request(self, prompt: Prompt, params: SamplingParams, *, pin: str | None = None) -> list[int]:
         """Validate a request without changing any engine state, so any thread may call it (a server
-        answers 4xx at once); returns the prompt's token ids. Errors name the offending field."""
+        answers 4xx at once); returns the prompt's token ids. Errors name the offending field. A
+        constraint is compiled here (into the shared grammar cache), so a server's request threads do
+        that work and the engine thread finds it cached."""
+        return self._check(prompt, params, pin)[0]
+
+    def _check(self, prompt: Prompt, params: SamplingParams, pin: str | None) -> tuple[list[int], GrammarProcessor | None]:
+        """The prompt's token ids and the prototype processor of the request's constraint (None without)."""
         if not isinstance(params, SamplingParams):
             raise InvalidParam("params: must be a SamplingParams", "params")
         ids = self.encode(prompt)
@@ -118,7 +129,18 @@ class Engine:
         if total >= self.max_model_len:
             raise InvalidParam(f"prompt: {total} tokens, limit is EngineConfig.max_model_len - 1 = "
                                f"{self.max_model_len - 1}", "prompt")
-        return ids
+        return ids, self._constraint_processor(params)
+
+    def _constraint_processor(self, params: SamplingParams) -> GrammarProcessor | None:
+        if params.constraint is None:
+            return None
+        try:
+            return processor_from_request(params.constraint, self, stop_token_ids=params.stop_token_ids)
+        except ConstraintError as exc:
+            raise InvalidParam(f"SamplingParams.{exc.field}: {exc.detail}", exc.field) from None
+        except ImportError as exc:  # refused by name, never ignored: a caller asking for JSON must not get prose
+            raise InvalidParam(f"SamplingParams.constraint: constrained decoding is not available ({exc})",
+                               "constraint") from None
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
                     index: int = 0, pin: str | None = None, pin_result: bool = False) -> str:
@@ -133,7 +155,7 @@ class Engine:
     def _new_sequence(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None, index: int,
                       pin: str | None, pin_result: bool) -> Sequence:
         params = params or SamplingParams()
-        ids = self.check_request(prompt, params, pin=pin)
+        ids, grammar = self._check(prompt, params, pin)
         if request_id is None:
             request_id = f"req-{next(self._request_ids)}"
         if not isinstance(request_id, str) or not request_id:
@@ -141,8 +163,13 @@ class Engine:
         if request_id in self._requests:
             raise ValueError(f"request_id: {request_id!r} is already in flight")
         kept = self._pin(pin) if pin is not None else None
-        return Sequence(prompt_ids=kept.tokens + ids if kept else ids, params=params, request_id=request_id,
-                        index=index, pin=kept, pin_result=pin_result)
+        seq = Sequence(prompt_ids=kept.tokens + ids if kept else ids, params=params, request_id=request_id,
+                       index=index, pin=kept, pin_result=pin_result)
+        if grammar is not None:
+            # first in the list: every constrained row of a step then shares one bitmask call, whatever
+            # custom processors follow (a processor that re-opens a masked token fails its own request)
+            seq.processors.insert(0, grammar.fork())
+        return seq
 
     def _enqueue(self, seq: Sequence) -> None:
         params = seq.params

@@ -1,10 +1,12 @@
 """Turn last-position logits into next tokens, one request's settings per row.
 
-A batch of plain greedy rows (no penalties, no logits processors) is a single argmax; anything else goes
-row by row, because each row may carry its own processors, penalties, filters and random generator.
-Seeded rows draw from their own `torch.Generator`, so a request's tokens do not depend on what else
-shares the batch. Logits processors (`generation.logits_processor`) run first, on a copy of just their
-rows, so rows without processors see exactly the logits they would have seen alone.
+Every greedy row without penalties, with or without logits processors, takes its token from one argmax
+over the whole batch, taken after the processors edited their rows in place (a grammar's mask is one add
+of a 0/-inf bias over its rows); rows with penalties or sampling go row by row, because each may carry
+its own penalties, filters and random generator. Seeded rows draw from their own `torch.Generator`, so a
+request's tokens do not depend on what else shares the batch. Processors only ever touch their own rows,
+so rows without processors see exactly the logits they would have seen alone; log-probabilities are
+taken from the raw logits (a row with processors that asks for them is copied first).
 """
 
 from __future__ import annotations
@@ -69,33 +71,25 @@ def _describe(exc: Exception, proc: object) -> str:
     return f"logits processor {type(proc).__name__}: {type(exc).__name__}: {exc}"
 
 
-def _run_processors(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[dict[int, torch.Tensor], dict[int, str]]:
-    """Processed copies of the rows that have processors, and the rows whose processor raised.
+def _run_processors(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> dict[int, str]:
+    """Run the processors of `rows` on their rows of `logits`, in place; returns the rows whose processor raised.
 
     Position j of every row's processor list runs as one `apply_batch` call per class, so per-row order
     is kept and a grammar engine sees all its rows at once."""
-    rows = [i for i, s in enumerate(seqs) if s.processors]
-    if not rows:
-        return {}, {}
-    edited = logits[rows]  # advanced indexing copies: the shared logits stay untouched
     errors: dict[int, str] = {}
     for j in range(max(len(seqs[i].processors) for i in rows)):
         groups: dict[type, list[int]] = {}
-        for r, i in enumerate(rows):
+        for i in rows:
             if i not in errors and j < len(seqs[i].processors):
-                groups.setdefault(type(seqs[i].processors[j]), []).append(r)
+                groups.setdefault(type(seqs[i].processors[j]), []).append(i)
         for cls, members in groups.items():
-            picked = [seqs[rows[r]] for r in members]
+            picked = [seqs[i] for i in members]
             procs = [s.processors[j] for s in picked]
             try:
-                cls.apply_batch(procs, [s.prompt_ids for s in picked], [s.output_ids for s in picked], edited, members)
+                cls.apply_batch(procs, [s.prompt_ids for s in picked], [s.output_ids for s in picked], logits, members)
             except Exception as exc:  # the failure ends these requests only
-                errors.update({rows[r]: _describe(exc, procs[0]) for r in members})
-    open_rows = (edited != float("-inf")).any(-1).tolist()
-    for r, i in enumerate(rows):
-        if not open_rows[r] and i not in errors:
-            errors[i] = "logits processors masked every token"
-    return {i: edited[r] for r, i in enumerate(rows) if i not in errors}, errors
+                errors.update({i: _describe(exc, procs[0]) for i in members})
+    return errors
 
 
 def _accept(seqs: list[Sequence], tokens: list[int | None], errors: dict[int, str]) -> None:
@@ -111,20 +105,35 @@ def _accept(seqs: list[Sequence], tokens: list[int | None], errors: dict[int, st
                 break
 
 
+@torch.inference_mode()  # the runner's logits are inference tensors, which only inference mode edits in place
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
-    """Next token per row of `logits` ([N, vocab]), plus logprob records for rows asking."""
+    """Next token per row of `logits` ([N, vocab]), plus logprob records for rows asking.
+
+    The rows of sequences with processors are edited in place (the engine reads no sampled row again)."""
     logits = logits.float()
-    tokens: list[int | None] = [None] * len(seqs)
-    plain = [i for i, s in enumerate(seqs) if s.params.plain_greedy]
-    if plain:
-        picked = logits[plain].argmax(-1).tolist()
-        for i, t in zip(plain, picked):
-            tokens[i] = t
-    processed, errors = _run_processors(logits, seqs)
+    n = len(seqs)
+    tokens: list[int | None] = [None] * n
+    rows = [i for i, s in enumerate(seqs) if s.processors]
+    raw = {i: logits[i].clone() for i in rows if seqs[i].params.logprobs is not None}
+    errors = _run_processors(logits, seqs, rows) if rows else {}
+    # one argmax for every greedy row without penalties: the plain ones and those whose processors just ran
+    fast = [i for i, s in enumerate(seqs) if s.params.greedy and not s.params.penalized and i not in errors]
+    if fast:
+        top = logits.argmax(-1)
+        picked = top.tolist()
+        for i in fast:
+            tokens[i] = picked[i]
+    if rows:  # a row whose processors left no token open cannot sample; its max is -inf
+        top = top if fast else logits.argmax(-1)
+        best = logits.gather(1, top.unsqueeze(1)).squeeze(1).tolist()
+        for i in rows:
+            if i not in errors and best[i] == float("-inf"):
+                errors[i] = "logits processors masked every token"
+                tokens[i] = None
     for i, seq in enumerate(seqs):
         if tokens[i] is not None or i in errors:
             continue
-        row = _apply_penalties(processed[i] if i in processed else logits[i].clone(), seq)
+        row = _apply_penalties(logits[i].clone(), seq)
         if seq.params.greedy:
             tokens[i] = int(row.argmax())
             continue
@@ -132,9 +141,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
         probs = row.softmax(-1)
         tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
     _accept(seqs, tokens, errors)
-    records: list[dict[str, Any] | None] = [None] * len(seqs)
+    records: list[dict[str, Any] | None] = [None] * n
     for i, seq in enumerate(seqs):
         if seq.params.logprobs is not None and tokens[i] is not None:
-            records[i] = logprob_record(logits[i], tokens[i], seq.params.logprobs)
+            records[i] = logprob_record(raw.get(i, logits[i]), tokens[i], seq.params.logprobs)
     return Sampled(tokens, records, errors)
-

@@ -50,13 +50,19 @@ def bad(where: str, message: str) -> ApiError:
 
 
 @dataclass
-class Constraint:
-    """A structured-output request, as the body gave it: `kind` is json_object, json_schema, regex, choice
-    or grammar; `spec` the schema, pattern, choices or grammar; `field` where it came from."""
+class BodyConstraint:
+    """A structured-output request: `kind` is the engine's name for it (`SamplingParams.constraint`'s key:
+    json_schema, json_object, regex, choices or grammar), `spec` the body's schema, pattern, choices or
+    grammar (True for json_object), `field` the body field it came from."""
 
     kind: str
     spec: Any
     field: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """What `SamplingParams(constraint=...)` takes; the engine checks and compiles it."""
+        return {self.kind: self.spec}
 
 
 @dataclass
@@ -74,7 +80,7 @@ class Request:
     stream: bool = False
     batch: bool = False  # the body gave a list of prompts: answer a list
     model: str | None = None
-    constraint: Constraint | None = None
+    constraint: BodyConstraint | None = None
     logprobs: int | None = None  # OpenAI: per-token logprobs with this many alternatives
     echo: bool = False
     include_usage: bool = False
@@ -191,7 +197,7 @@ def _stream_options(f: Fields) -> bool:
     return opts.boolean("include_usage")
 
 
-def _openai_constraint(f: Fields) -> Constraint | None:
+def _openai_constraint(f: Fields) -> BodyConstraint | None:
     if f.has("response_format") and f.has("structured_outputs"):
         raise bad("structured_outputs", "give either response_format or structured_outputs, not both")
     if f.has("response_format"):
@@ -200,13 +206,13 @@ def _openai_constraint(f: Fields) -> Constraint | None:
         if kind == "text":
             return None
         if kind == "json_object":
-            return Constraint("json_object", None, "response_format")
+            return BodyConstraint("json_object", True, "response_format")
         if kind == "json_schema":
             js = Fields(rf.raw("json_schema"), {"name", "schema", "strict", "description"}, "response_format.json_schema.",
                         "response_format.json_schema")
             if not isinstance(js.raw("schema"), dict):
                 raise bad("response_format.json_schema.schema", "must be a JSON schema object")
-            return Constraint("json_schema", js.raw("schema"), "response_format.json_schema.schema")
+            return BodyConstraint("json_schema", js.raw("schema"), "response_format.json_schema.schema")
         raise bad("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
     if f.has("structured_outputs"):
         so = Fields(f.raw("structured_outputs"), {"json", "regex", "choice", "grammar"}, "structured_outputs.",
@@ -214,8 +220,8 @@ def _openai_constraint(f: Fields) -> Constraint | None:
         given = [k for k in ("json", "regex", "choice", "grammar") if so.has(k)]
         if len(given) != 1:
             raise bad("structured_outputs", "give exactly one of json, regex, choice, grammar")
-        kind = {"json": "json_schema"}.get(given[0], given[0])
-        return Constraint(kind, so.raw(given[0]), f"structured_outputs.{given[0]}")
+        kind = {"json": "json_schema", "choice": "choices"}.get(given[0], given[0])
+        return BodyConstraint(kind, so.raw(given[0]), f"structured_outputs.{given[0]}")
     return None
 
 
@@ -314,6 +320,10 @@ def generate_request(body: Any, cfg: GenerateConfig) -> Request:
     constraints = [p[3] for p in parsed if p[3] is not None]
     if constraints and len(constraints) != len(parsed):
         raise bad("sampling_params", "a constraint must be given for every prompt of a batch or none")
+    for c in constraints[1:]:  # one request, one constraint: never the first prompt's silently applied to all
+        if (c.kind, c.spec) != (constraints[0].kind, constraints[0].spec):
+            raise bad(c.field, f"differs from {constraints[0].field}: every prompt of a batch takes the same "
+                               "constraint (send different ones as separate requests)")
     top = f.integer("top_logprobs_num", 0, low=0, high=20)
     start = f.integer("logprob_start_len", -1, low=-1)
     return_logprob = f.boolean("return_logprob")
@@ -330,7 +340,7 @@ def generate_request(body: Any, cfg: GenerateConfig) -> Request:
                    max_new_tokens_field="sampling_params.max_new_tokens")
 
 
-def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, dict, int, Constraint | None]:
+def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, dict, int, BodyConstraint | None]:
     f = Fields(raw, SGLANG_SAMPLING, prefix, "sampling_params")
     for name in ("min_new_tokens", "stop_regex", "spaces_between_special_tokens", "no_stop_trim"):
         f.harmless(name)
@@ -358,7 +368,7 @@ def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, 
     constraint = None
     if given:
         kind = {"ebnf": "grammar"}.get(given[0], given[0])
-        constraint = Constraint(kind, f.raw(given[0]), prefix + given[0])
+        constraint = BodyConstraint(kind, f.raw(given[0]), prefix + given[0])
     return kw, names, n, constraint
 
 

@@ -23,31 +23,21 @@ from generation.config import InvalidParam, SamplingParams
 from serving.errors import ApiError
 from serving.generate.config import GenerateConfig
 from serving.generate.metrics import GenerateMetrics
-from serving.generate.schema import Constraint, Request, bad
+from serving.generate.schema import Request, bad
 
 log = logging.getLogger("pagoda.serve")
-CONSTRAINT_KINDS = {"json_object": "json_object", "json_schema": "json_schema", "regex": "regex",
-                    "choice": "choices", "grammar": "grammar"}
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
 
 
-def constraint_processor(constraint: Constraint, engine: Any, stop_token_ids: list[int]) -> Any:
-    """The one seam to constrained decoding (`generation.constraints`): a spec from the body -> a processor.
-
-    Where that module (or its grammar engine) is not installed the field is refused by name, never
-    ignored: a client that asked for JSON must not get free text that happens to be a 200."""
-    try:
-        from generation.constraints import processor_from_request
-    except ImportError:
-        raise bad(constraint.field, "constrained decoding is not supported by this server yet") from None
-    value = True if constraint.kind == "json_object" else constraint.spec
-    try:
-        return processor_from_request({CONSTRAINT_KINDS[constraint.kind]: value}, engine,
-                                      stop_token_ids=stop_token_ids)
-    except ImportError as exc:
-        raise bad(constraint.field, f"constrained decoding is not available in this install ({exc})") from None
-    except ValueError as exc:
-        raise bad(constraint.field, str(exc)) from None
+def body_field(req: Request, field: str, default: str | None = None) -> str:
+    """The body field behind an engine `InvalidParam.field`. A constraint's own path continues the body
+    field it came from: `constraint.json_schema.properties.tags` of a `response_format` schema is
+    `response_format.json_schema.schema.properties.tags`."""
+    c = req.constraint
+    if c is not None and (field == "constraint" or field.startswith("constraint.")):
+        rest = field.removeprefix("constraint.")
+        return c.field + rest[len(c.kind):] if rest.startswith((c.kind + ".", c.kind + "[")) else c.field
+    return req.names.get(field, default or field)
 
 
 class Run:
@@ -233,14 +223,15 @@ class Service:
         return ids
 
     def params(self, req: Request, i: int) -> SamplingParams:
+        """Prompt i's SamplingParams. A constraint rides in `SamplingParams.constraint`, as in-process: the
+        engine compiles it when the request is checked (in this thread), and its errors name its path."""
         kw = dict(req.sampling[i])
         if req.constraint is not None:
-            kw["logits_processors"] = [constraint_processor(req.constraint, self.engine, kw.get("stop_token_ids", []))]
+            kw["constraint"] = req.constraint.params
         try:
             return SamplingParams(**kw)
         except InvalidParam as exc:
-            name = req.names.get(exc.field, exc.field)
-            raise bad(name, str(exc)) from None
+            raise bad(body_field(req, exc.field), str(exc)) from None
 
     def start(self, req: Request, t0: float,
               scoring: Callable[[list[list[int]]], list[int] | None] | None = None) -> Run:
@@ -277,7 +268,7 @@ class Service:
             if exc.field == "pin" and any(pins):  # a pin released since we looked: go without it
                 full = [self._pins_tokens(p) + ids if p else ids for p, ids in zip(pins, prompts)]
                 return self._submit(loop, full, params, [None] * len(full), deadline, req)
-            raise bad(req.names.get(exc.field, req.where[0]), str(exc)) from None
+            raise bad(body_field(req, exc.field, req.where[0]), str(exc)) from None
 
     # ---- pins -------------------------------------------------------------------------------------------
 

@@ -84,9 +84,10 @@ def engine(tiny_smollm2) -> Engine:
     return Engine(EngineConfig(model=str(tiny_smollm2), num_threads=1))
 
 
-def constrained(engine: Engine, spec: dict, **kw) -> SamplingParams:
+def constrained(spec: dict, **kw) -> SamplingParams:
+    """A constrained request the way callers make one: the engine compiles `SamplingParams.constraint`."""
     kw.setdefault("max_new_tokens", 120)
-    return SamplingParams(logits_processors=[processor_from_request(spec, engine)], **kw)
+    return SamplingParams(constraint=spec, **kw)
 
 
 # ---- specs and their errors -------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ def test_a_constraint_that_allows_every_string_changes_nothing(engine):
     prompts = PROMPTS + ["The", "a", "{", "x y", "Once upon", "42"]
     plain = SamplingParams(max_new_tokens=24)
     free = engine.generate(prompts, plain)
-    allowed = engine.generate(prompts, constrained(engine, {"regex": "(?s:.*)"}, max_new_tokens=24))
+    allowed = engine.generate(prompts, constrained({"regex": "(?s:.*)"}, max_new_tokens=24))
     vocab = CACHE.vocabulary(engine.tokenizer, engine.model_config.vocab_size, tuple(sorted(engine.eos_ids)))
 
     def is_text(ids: list[int]) -> bool:
@@ -263,8 +264,8 @@ def test_unconstrained_rows_of_a_mixed_batch_equal_their_solo_runs(engine):
     seeded = SamplingParams(max_new_tokens=20, temperature=1.0, seed=11)
     solo_greedy = engine.generate(PROMPTS[0], greedy)[0].token_ids
     solo_seeded = engine.generate(PROMPTS[1], seeded)[0].token_ids
-    json_params = constrained(engine, {"json_schema": TEST_SCHEMAS["3 fields"]}, temperature=1.0, seed=3)
-    regex_params = constrained(engine, {"regex": "[a-z]{3,8}"})
+    json_params = constrained({"json_schema": TEST_SCHEMAS["3 fields"]}, temperature=1.0, seed=3)
+    regex_params = constrained({"regex": "[a-z]{3,8}"})
     outs = engine.generate([PROMPTS[2], PROMPTS[0], PROMPTS[3], PROMPTS[1]],
                            [json_params, greedy, regex_params, seeded])
     assert outs[1].token_ids == solo_greedy and outs[3].token_ids == solo_seeded
@@ -275,7 +276,7 @@ def test_unconstrained_rows_of_a_mixed_batch_equal_their_solo_runs(engine):
 @pytest.mark.parametrize("name", list(TEST_SCHEMAS))
 def test_random_weights_finish_every_test_schema_within_120_tokens(engine, name):
     schema = TEST_SCHEMAS[name]
-    params = [constrained(engine, {"json_schema": schema}, temperature=1.0, seed=s) for s in range(4)]
+    params = [constrained({"json_schema": schema}, temperature=1.0, seed=s) for s in range(4)]
     outs = engine.generate(PROMPTS, params)
     for out in outs:
         assert out.finish_reason == "stop" and len(out.token_ids) <= 120, (out.finish_reason, out.text)
@@ -283,7 +284,7 @@ def test_random_weights_finish_every_test_schema_within_120_tokens(engine, name)
 
 
 def test_any_json_object(engine):
-    outs = engine.generate(PROMPTS, [constrained(engine, {"json_object": True}, temperature=1.0, seed=s,
+    outs = engine.generate(PROMPTS, [constrained({"json_object": True}, temperature=1.0, seed=s,
                                                  max_new_tokens=60) for s in range(4)])
     done = [o for o in outs if o.finish_reason == "stop"]
     for out in done:
@@ -308,7 +309,7 @@ def test_flexible_whitespace_accepts_pretty_json_and_lets_a_weak_model_wander(en
             seq([1], ids, logits)
             assert eos in _open(logits)
     # noise under flexible whitespace keeps emitting whitespace where compact output has long finished
-    outs = engine.generate(PROMPTS, [constrained(engine, {"json_schema": schema, "whitespace": "flexible"},
+    outs = engine.generate(PROMPTS, [constrained({"json_schema": schema, "whitespace": "flexible"},
                                                  temperature=1.0, seed=s) for s in range(4)])
     assert all(re.search(r"\s", o.text) for o in outs)
     for out in outs:
@@ -342,7 +343,7 @@ def test_grammars_in_gbnf_and_lark(engine, grammar, check):
         except ValueError:
             return False
 
-    outs = engine.generate(PROMPTS, [constrained(engine, {"grammar": grammar}, temperature=1.0, seed=s)
+    outs = engine.generate(PROMPTS, [constrained({"grammar": grammar}, temperature=1.0, seed=s)
                                      for s in range(4)])
     done = [o for o in outs if o.finish_reason == "stop"]
     assert done
@@ -351,7 +352,7 @@ def test_grammars_in_gbnf_and_lark(engine, grammar, check):
 
 def test_max_new_tokens_cuts_a_prefix_with_finish_reason_length(engine):
     spec = {"json_schema": TEST_SCHEMAS["3 fields"]}
-    (out,) = engine.generate(PROMPTS[0], constrained(engine, spec, max_new_tokens=5))
+    (out,) = engine.generate(PROMPTS[0], constrained(spec, max_new_tokens=5))
     assert out.finish_reason == "length" and len(out.token_ids) == 5
     with pytest.raises(json.JSONDecodeError):
         json.loads(out.text)
@@ -364,25 +365,21 @@ def test_preemption_mid_generation_still_yields_valid_outputs(tiny_smollm2):
     small = Engine(EngineConfig(model=str(tiny_smollm2), num_threads=1, block_size=4, num_blocks=32,
                                 max_num_batched_tokens=64))
     schema = TEST_SCHEMAS["types"]
-    params = [SamplingParams(max_new_tokens=120, temperature=1.0, seed=s,
-                             logits_processors=[processor_from_request({"json_schema": schema}, small)])
-              for s in range(8)]
+    params = [constrained({"json_schema": schema}, temperature=1.0, seed=s) for s in range(8)]
     outs = small.generate([f"{p} {i}" for i, p in enumerate(PROMPTS * 2)], params)
     assert small.stats()["preemptions"] > 0
     for out in outs:
         assert out.finish_reason == "stop"
         jsonschema.validate(json.loads(out.text), schema)
     alone = Engine(EngineConfig(model=str(tiny_smollm2), num_threads=1))
-    again = alone.generate([f"{p} {i}" for i, p in enumerate(PROMPTS * 2)], [
-        SamplingParams(max_new_tokens=120, temperature=1.0, seed=s,
-                       logits_processors=[processor_from_request({"json_schema": schema}, alone)])
-        for s in range(8)])
+    again = alone.generate([f"{p} {i}" for i, p in enumerate(PROMPTS * 2)], params)
     assert [o.token_ids for o in again] == [o.token_ids for o in outs]  # preemption changed no token
 
 
 def test_an_engine_loop_serves_constrained_requests_compiled_on_many_threads(tiny_smollm2):
-    """The server path: request threads validate and compile (sharing the cache) while the loop thread
-    forks and masks; every answer validates and equals the same request run alone."""
+    """The server path: request threads validate and compile `SamplingParams.constraint` (in `submit`, into
+    the shared cache; the served engine's vocabulary is its own, so every schema compiles there afresh)
+    while the loop thread forks and masks; every answer validates and equals the same request run alone."""
     import threading
 
     from generation import EngineLoop
@@ -391,17 +388,17 @@ def test_an_engine_loop_serves_constrained_requests_compiled_on_many_threads(tin
     names = list(TEST_SCHEMAS)
     jobs = [(PROMPTS[i % len(PROMPTS)], names[i % len(names)], i) for i in range(12)]
 
-    def params(engine, name, seed):
-        return constrained(engine, {"json_schema": TEST_SCHEMAS[name]}, temperature=1.0, seed=seed)
+    def params(name, seed):
+        return constrained({"json_schema": TEST_SCHEMAS[name]}, temperature=1.0, seed=seed)
 
-    expected = [alone.generate(p, params(alone, n, s))[0].token_ids for p, n, s in jobs]
+    expected = [alone.generate(p, params(n, s))[0].token_ids for p, n, s in jobs]
     served = Engine(EngineConfig(model=str(tiny_smollm2), num_threads=1))
     results: dict[int, object] = {}
     with EngineLoop(served) as loop:
         def client(k: int) -> None:
             for j in range(k, len(jobs), 4):
                 prompt, name, seed = jobs[j]
-                results[j] = loop.submit(prompt, params(served, name, seed)).result(timeout=300)
+                results[j] = loop.submit(prompt, params(name, seed)).result(timeout=300)
 
         threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
         for t in threads:

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from generation import Engine, EngineConfig, SamplingParams
-from generation.constraints import processor_from_request
 from tests.generation.test_constraints import PROMPTS, tiny_smollm2  # noqa: F401  (the fixture)
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
@@ -82,9 +81,8 @@ def engine(tiny_smollm2):  # noqa: F811
 
 
 def _sample(engine: Engine, spec: dict, seed: int, max_new_tokens: int = 120):
-    proc = processor_from_request(spec, engine)
-    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed * SEEDS + i,
-                             logits_processors=[proc]) for i in range(SEEDS)]
+    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed * SEEDS + i, constraint=spec)
+              for i in range(SEEDS)]
     outs = engine.generate(PROMPTS[:SEEDS], params)
     assert all(o.finish_reason in ("stop", "length") for o in outs), [o.error for o in outs]
     return [o for o in outs if o.finish_reason == "stop"]

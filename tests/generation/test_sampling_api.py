@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import pytest
+import torch
 
-from generation import Engine, EngineConfig, SamplingParams, Session
+from generation import Engine, EngineConfig, InvalidParam, LogitsProcessor, SamplingParams, Session
+from generation.constraints import processor_from_request
 from generation.engine import GenerationOutput
+from generation.sampler import sample
+from generation.sequence import Sequence
 from tests.generation.llama_builders import hf_greedy
 
 
@@ -177,6 +183,55 @@ def test_sampling_params_errors_name_the_field(kwargs, field):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, field", [
+    # each of these used to fail later, outside validation: NaN probabilities in torch.multinomial, a str/int
+    # comparison TypeError, an int64 overflow in torch.Generator.manual_seed
+    (dict(temperature=1e-300), "temperature"), (dict(temperature=1e-6), "temperature"),
+    (dict(temperature=1e300), "temperature"), (dict(temperature=1.5e6), "temperature"),
+    (dict(temperature="1"), "temperature"), (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(temperature=True), "temperature"),
+    (dict(top_p="0.5"), "top_p"), (dict(min_p=None), "min_p"), (dict(repetition_penalty="2"), "repetition_penalty"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"), (dict(presence_penalty=[1]), "presence_penalty"),
+    (dict(seed=2**100), "seed"), (dict(seed=2**63), "seed"), (dict(seed=-(2**63) - 1), "seed"),
+    (dict(seed="7"), "seed"), (dict(seed=1.0), "seed"), (dict(max_new_tokens=True), "max_new_tokens"),
+    (dict(top_k=2.0), "top_k"), (dict(stop=5), "stop"), (dict(stop=["\ud800"]), "stop"),
+    (dict(stop_token_ids=7), "stop_token_ids"), (dict(stop_token_ids=[True]), "stop_token_ids"),
+    (dict(ignore_eos="yes"), "ignore_eos"), (dict(logprobs=True), "logprobs"), (dict(cache_salt=3), "cache_salt"),
+    (dict(constraint={"regex": "a\udc00"}), "constraint.regex"),
+    (dict(constraint={"json_schema": {"const": "\ud800"}}), "constraint.json_schema"),
+])
+def test_sampling_params_refuse_wrong_types_and_unusable_numbers_by_name(kwargs, field):
+    with pytest.raises(InvalidParam) as err:
+        SamplingParams(**kwargs)
+    assert err.value.field == field and str(err.value).startswith(f"SamplingParams.{field}: "), err.value
+
+
+def test_extreme_values_that_are_accepted_work(engine):
+    """The edges of what validation lets through sample without error, constrained or not: the smallest and
+    largest temperatures (a float32 inf temperature would turn a masked row's -inf into NaN), the int64 ends
+    of the seed range."""
+    prompts = ["the quick", "hello", "a radix", "numbers"]
+    params = [SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1e-5, seed=-(2**63)),
+              SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1e6, seed=2**63 - 1),
+              SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1e-5, seed=0,
+                             constraint={"regex": "[a-z]+"}),
+              SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1e6, seed=1, constraint={"regex": "[a-z]+"})]
+    outs = engine.generate(prompts, params)
+    assert all(o.finish_reason in ("length", "stop") and o.token_ids for o in outs), [o.error for o in outs]
+    assert all(re.fullmatch("[a-z]*", o.text) for o in outs[2:])
+    assert no_leak(engine)
+
+
+@pytest.mark.parametrize("prompt", ["\ud800", "ok \udfff then", "\ud83d"])
+def test_a_prompt_with_a_lone_surrogate_is_refused_by_name(engine, prompt):
+    for call in (lambda: engine.check_request(prompt, SamplingParams()), lambda: engine.generate(["fine", prompt])):
+        with pytest.raises(InvalidParam) as err:
+            call()
+        assert err.value.field == "prompt" and "surrogate" in str(err.value), err.value
+    assert engine.num_unfinished == 0 and not engine.scheduler.waiting
+    assert engine.generate("\U0001f600 fine", SamplingParams(max_new_tokens=2))[0].finish_reason in ("stop", "length")
+
+
 def test_bad_prompts_are_rejected(engine):
     with pytest.raises(ValueError, match="prompt"):
         engine.generate([[10**6]])
@@ -231,3 +286,110 @@ def test_prefill_only_request_leaves_its_prompt_cached(engine):
     again = engine.generate([prompt + [7]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
     assert again.cached_tokens == 28  # every full block of the 30-token prompt
     assert no_leak(engine)
+
+
+# ---- constraints and processors: one way in, batched like every other row ----------------------------------
+
+
+class _Ban(LogitsProcessor):
+    def __init__(self, banned: list[int]) -> None:
+        self.banned = banned
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        logits[self.banned] = float("-inf")
+
+
+def test_a_constraint_is_a_sampling_param(engine):
+    """`SamplingParams(constraint=...)` is checked when built (naming the field), survives `replace`, and
+    gives the same tokens as the processor the engine builds from it, put in `logits_processors` by hand."""
+    pattern = "[a-z]{2,5}( [a-z]{2,5}){1,3}"
+    params = [SamplingParams(max_new_tokens=30, temperature=1.0, seed=s, constraint={"regex": pattern}) for s in range(4)]
+    outs = engine.generate(["the quick", "hello", "a radix", "numbers"], params)
+    assert [o.finish_reason for o in outs].count("stop") >= 3
+    assert all(re.fullmatch(pattern, o.text) for o in outs if o.finish_reason == "stop")
+    by_hand = [dataclasses.replace(p, constraint=None, logits_processors=[
+        processor_from_request({"regex": pattern}, engine)]) for p in params]
+    assert [o.token_ids for o in engine.generate(["the quick", "hello", "a radix", "numbers"], by_hand)] == \
+        [o.token_ids for o in outs]
+    again = dataclasses.replace(params[0], seed=0)
+    assert again.constraint == params[0].constraint and not again.plain_greedy
+    with pytest.raises(InvalidParam) as err:
+        SamplingParams(constraint={"json_schema": {"type": "object", "properties": {"t": {"uniqueItems": True}}}})
+    assert err.value.field == "constraint.json_schema.properties.t" and "uniqueItems" in str(err.value)
+    with pytest.raises(InvalidParam) as err:
+        SamplingParams(constraint="[0-9]+")
+    assert err.value.field == "constraint"
+    assert no_leak(engine)
+
+
+@pytest.mark.parametrize(("constraint", "field"), [({"regex": "[a-"}, "constraint.regex"),
+                                                    ({"grammar": 'root ::= "x" ['}, "constraint.grammar"),
+                                                    ({"json_schema": {"type": "strin"}}, "constraint.json_schema")])
+def test_a_constraint_that_does_not_compile_is_refused_before_anything_is_queued(engine, constraint, field):
+    params = SamplingParams(constraint=constraint)  # the shape is fine; the tokenizer-bound compile is not
+    with pytest.raises(InvalidParam) as err:
+        engine.check_request("hello", params)
+    assert err.value.field == field
+    with pytest.raises(InvalidParam):
+        engine.generate(["hello", "world"], [SamplingParams(), params])
+    assert engine.num_unfinished == 0 and not engine.scheduler.waiting
+    with pytest.raises(InvalidParam) as err:
+        engine.check_request("hello", SamplingParams(constraint={"regex": "a"}, stop_token_ids=[10**6]))
+    assert err.value.field == "stop_token_ids"
+
+
+def test_rows_with_processors_and_constraints_equal_their_solo_runs(tiny_llama):
+    """Greedy rows with processors take their tokens from the batch's one argmax, rows with penalties or
+    sampling go on their own; whichever path, every row equals the same request alone, constrained or not.
+    The solo runs and the batch each run on a fresh engine, so neither finds the other's prompts cached."""
+    regex = {"regex": "[a-z ]{4,20}"}
+    params = [SamplingParams(max_new_tokens=10, constraint=regex, logprobs=3),
+              SamplingParams(max_new_tokens=10, temperature=0.9, seed=5, constraint=regex),
+              SamplingParams(max_new_tokens=10, ignore_eos=True, logits_processors=[_Ban(list(range(0, 320, 3)))]),
+              SamplingParams(max_new_tokens=10, repetition_penalty=1.4, constraint=regex),
+              SamplingParams(max_new_tokens=10, ignore_eos=True, logprobs=3),
+              SamplingParams(max_new_tokens=10, temperature=1.1, seed=8, ignore_eos=True),
+              SamplingParams(max_new_tokens=10, constraint=regex, logits_processors=[_Ban(list(range(1, 320, 2)))],
+                             logprobs=2)]
+    prompts = ["the quick", "hello world", "a radix tree", "paged attention", "numbers", "symbols", "the lazy dog"]
+
+    def fresh() -> Engine:
+        return Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=256, max_num_batched_tokens=32))
+
+    alone = fresh()
+    solo = [alone.generate(p, sp)[0] for p, sp in zip(prompts, params)]
+    batched = fresh()
+    together = batched.generate(prompts, params)
+    assert [o.token_ids for o in together] == [o.token_ids for o in solo]
+    # log-probabilities of the raw distribution, constrained (0, 6) or not (4). Not bit for bit: the model's
+    # forward over 7 rows is not the forward over 1 (CPU matmuls of another shape round differently); the
+    # sampler itself leaves an unconstrained row's logits untouched (test_the_sampler_edits_only_...)
+    for i in (0, 4, 6):
+        assert [(a["token_id"], [t for t, _ in a["top"]]) for a in together[i].logprobs] == \
+            [(b["token_id"], [t for t, _ in b["top"]]) for b in solo[i].logprobs]
+        assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=1e-5)
+                   for a, b in zip(together[i].logprobs, solo[i].logprobs))
+    assert all(t % 3 for t in together[2].token_ids)
+    banned_odd = [t for t in together[-1].token_ids if t % 2 and t not in batched.eos_ids]
+    assert not banned_odd  # the grammar's mask and the request's own processor both applied
+    assert all(re.fullmatch("[a-z ]{4,20}", together[i].text) for i in (0, 1, 3, 6) if together[i].finish_reason == "stop")
+    assert no_leak(batched)
+
+
+def test_the_sampler_edits_only_the_rows_of_processors():
+    """Rows without processors keep their logits bit for bit; a processor row's log-probabilities are those
+    of its raw logits (it is copied before its processors edit it in place)."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 300)
+    before = logits.clone()
+    seqs = [Sequence([5, 6], SamplingParams(), "a"),
+            Sequence([5, 6], SamplingParams(logits_processors=[_Ban(list(range(0, 300, 2)))], logprobs=1), "b"),
+            Sequence([5, 6], SamplingParams(temperature=1.0), "c"),
+            Sequence([5, 6], SamplingParams(logits_processors=[_Ban(list(range(300)))]), "d")]
+    seqs[2].generator = torch.Generator().manual_seed(3)
+    out = sample(logits, seqs)
+    for i in (0, 2):
+        assert torch.equal(logits[i], before[i])
+    assert out.tokens[0] == int(before[0].argmax()) and out.tokens[1] % 2 == 1
+    assert out.records[1]["logprob"] == float(torch.log_softmax(before[1], -1)[out.tokens[1]])
+    assert out.tokens[3] is None and out.errors == {3: "logits processors masked every token"}
