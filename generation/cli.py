@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from generation.config import CACHE_BACKENDS
 from generation.lang import bench as lang_bench
@@ -57,17 +58,56 @@ def register(commands, bench) -> None:
     lang_bench.register(bench)
 
 
+class UsageError(ValueError):
+    """A bad flag: the command prints one line naming it and exits 2, as argparse does for its own checks."""
+
+
+def _fail(command: str, exc: Exception) -> int:
+    print(f"pagoda {command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _check_model(model: str | None) -> None:
+    """Before anything loads: a missing path is the operator's typo, not a traceback from a loader."""
+    if model is not None and not Path(model).exists():
+        raise UsageError(f"--model: {model}: no such model folder or .gguf file")
+
+
+def _check_positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: must be a positive integer, got {value}")
+
+
+def _flag_error(exc: Exception) -> UsageError:
+    """An engine setting refused by name (`SamplingParams.top_p: ...`) said as the flag that set it."""
+    field = getattr(exc, "field", None)
+    if field is None:
+        return UsageError(str(exc))
+    detail = str(exc).split(": ", 1)[-1]
+    return UsageError(f"--{field.replace('_', '-')}: {detail}")
+
+
 def _generate(args: argparse.Namespace) -> int:
     from generation.config import EngineConfig, SamplingParams
-    from generation.engine import Engine
 
-    if args.repeat < 1:
-        raise SystemExit("--repeat: must be >= 1")
-    engine = Engine(EngineConfig(model=args.model, cache_backend=args.cache_backend, device=args.device,
-                                 dtype=args.dtype, num_threads=args.threads))
+    try:
+        _check_positive(args, "repeat", "threads")
+        _check_model(args.model)
+        try:
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    top_p=args.top_p, seed=args.seed)
+            config = EngineConfig(model=args.model, cache_backend=args.cache_backend, device=args.device,
+                                  dtype=args.dtype, num_threads=args.threads)
+        except ValueError as exc:
+            raise _flag_error(exc) from None
+        from generation.engine import Engine
+
+        engine = Engine(config)
+    except (ValueError, FileNotFoundError) as exc:   # also a model folder the loader cannot read
+        return _fail("generate", exc)
     prompt = args.prompt if args.raw else engine.apply_chat_template([{"role": "user", "content": args.prompt}])
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed)
     for run in range(1, args.repeat + 1):
         start = time.perf_counter()
         first = None
@@ -92,6 +132,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    try:
+        _check_positive(args, "requests", "prefix_tokens", "new_tokens", "decode_tokens", "ttft_tokens", "threads")
+        if not args.parts or set(args.parts) - set("abc"):
+            raise UsageError(f"--parts: a subset of 'abc' (a shared prefix, b single stream, c warm TTFT), "
+                             f"got {args.parts!r}")
+        _check_model(args.model)
+    except UsageError as exc:
+        return _fail("bench generate", exc)
     from generation.bench import plot, run
 
     results = run(args.model, requests=args.requests, prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,
@@ -106,6 +154,11 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_constraints(args: argparse.Namespace) -> int:
     import json
 
+    try:
+        _check_positive(args, "steps", "new_tokens", "rounds", "threads")
+        _check_model(args.model)
+    except UsageError as exc:
+        return _fail("bench constraints", exc)
     from generation.bench_constraints import compare_engines, run_decode
 
     results = {}
