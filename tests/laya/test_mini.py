@@ -1,5 +1,11 @@
 """laya-mini, the embedded default: it assembles from the committed head, refuses a mismatched one, and
-answers the billing scenario of the core issue as a support team would."""
+answers the billing scenario of the core issue as a support team would.
+
+The billing scenario is an acceptance check, not a measure of generalisation: its text is close to the
+training corpus (201 training tickets contain "billed twice"), so passing it says the shipped model still
+answers the README example, nothing more. How well laya-mini generalises is measured by the held-out-label
+evaluation of the quality issue (issue 15: `pagoda laya-mini eval`, labels the head never saw in
+training, against the MiniLM cosine baseline in the same run), not by this file."""
 
 import json
 import shutil
@@ -17,6 +23,7 @@ def agent():
 
 
 def test_billing_scenario(agent):
+    """Acceptance only (see the module docstring): near-verbatim training text, so no generalisation claim."""
     out = agent.predict(*scenario())["answers"]
     assert out["department"]["choice"] == "billing"
     assert out["churn_risk"]["noul"] > 0.5
