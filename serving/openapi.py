@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 _REF = "#/components/schemas/"
 ERROR_REASONS = {400: "malformed JSON", 401: "missing or wrong bearer token", 404: "unknown route",
-                 405: "wrong method", 413: "body over the size limit", 422: "invalid input (see error.field)",
+                 405: "wrong method", 413: "body or request cost over a limit", 422: "invalid input (see error.field)",
                  500: "model error (carries request_id)", 503: "model not ready, or queue full (Retry-After)",
                  504: "deadline passed while queued"}
 

@@ -22,7 +22,7 @@ def servers(tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve-logs")
     model = ["--model", str(TINY_BERT)]
     procs = {
-        # default limits and the example policy; BERT's 1024 positions make max_len 2000 a real model failure
+        # default limits and the example policy
         "main": ServerProcess(logs / "main.log", [*model, "--policy", str(REPO / "serving/decide/policy.example.yaml"),
                                                   "--max-wait-ms", "5"]),
         # auth on, a 2-state queue, a 1 s deadline
