@@ -13,8 +13,8 @@ buffering with read deadlines and JSON for its own errors, hence this small fron
 
 gunicorn's master keeps what a decision service needs around it: graceful SIGTERM (stop accepting, let
 in-flight requests finish, exit), worker restarts, `--workers` to scale across cores. With `--preload`
-(default) the master imports torch, transformers and the model code before forking, so a replacement
-worker after a crash only loads weights; no tensor is built and no thread started before the fork. A
+(default) the master imports the model code and builds the generation engine before forking (see
+`preload`), so a replacement worker after a crash only loads the small decision model. A
 worker where any API's model fails to load exits with gunicorn's boot-error status, which stops the whole
 server with the reason in the log instead of serving 503s forever.
 """
@@ -36,6 +36,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import h11
@@ -53,8 +54,12 @@ _LINGER_S = 2.0  # after an error answer, how long unread request bytes are drai
 
 
 class GunicornServer(BaseApplication):
-    def __init__(self, cfg: ServeConfig):
+    def __init__(self, cfg: ServeConfig, engine: Any = None, torch_threads: int | None = None):
+        """`engine`: the generation engine the master built (--preload), shared copy-on-write by every worker;
+        `torch_threads`: torch's own default, given back to each worker after the fork (see `preload`)."""
         self.serve_cfg = cfg
+        self.engine = engine
+        self.torch_threads = torch_threads
         super().__init__(prog="pagoda serve")
 
     def load_config(self) -> None:
@@ -73,15 +78,27 @@ class GunicornServer(BaseApplication):
             "loglevel": "warning",
             "proc_name": "pagoda-serve",
             "when_ready": _announce,
+            "post_fork": self._after_fork,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
 
-    def load(self):
-        from serving.app import create_app
+    def _after_fork(self, server, worker) -> None:
+        if self.torch_threads is not None:
+            import torch
 
-        app = create_app(self.serve_cfg)
-        apis = app.extensions["pagoda.apis"]
+            torch.set_num_threads(self.torch_threads)
+
+    def load(self):
+        from serving.app import build_apis, create_app
+
+        apis = build_apis(self.serve_cfg)
+        if self.engine is not None:
+            from serving.generate.routes import GenerateApi
+
+            apis = [GenerateApi(self.serve_cfg.generate, api.model, engine=self.engine) if api.name == "generate"
+                    else api for api in apis]
+        app = create_app(self.serve_cfg, apis)
 
         def exit_on_failure() -> None:
             while not all(api.loaded.wait(0.2) for api in apis):
@@ -94,30 +111,65 @@ class GunicornServer(BaseApplication):
         return app
 
 
-# What the master imports with --preload: the modules that dominate a worker's start (torch alone is ~10 s on
-# a loaded 2-core box). Importing defines code only: no tensor, no thread, nothing a fork could break.
+# What the master imports with --preload: what a worker's model load imports (found with `python -X importtime`
+# on the embedded defaults: torch alone is ~8 s on a loaded 2-core box, onnxruntime and the model code most
+# of the rest). Importing defines code only: no tensor, no thread.
 PRELOAD_MODULES = {
-    "decide": ("torch", "transformers", "laya", "laya.model", "serving.decide.backend", "serving.decide.routes"),
-    "student": ("onnxruntime", "distill.runtime", "serving.decide.routes"),
-    "generate": ("torch", "transformers", "generation.engine", "serving.generate.routes"),
+    "decide": ("onnxruntime", "tokenizers", "laya.agent", "laya.onnx_engine", "serving.decide.backend",
+               "serving.decide.routes"),
+    "student": ("onnxruntime", "tokenizers", "distill.runtime", "serving.decide.routes"),
+    "generate": ("torch", "gguf", "tokenizers", "generation.engine", "serving.generate.routes"),
 }
 
 
-def preload(cfg: ServeConfig) -> float:
-    """Import in the master what every worker would import; seconds it took. A module this install lacks
-    is skipped: the worker that needs it reports that, by name, as its load error."""
+@dataclass
+class Preloaded:
+    engine: Any = None              # the generation engine, built in the master
+    torch_threads: int | None = None  # torch's default thread count, for the workers to restore
+    seconds: float = 0.0
+
+
+def preload(cfg: ServeConfig) -> Preloaded:
+    """Import in the master what every worker would import, and build the generation engine there (weights
+    dequantised, KV pool allocated: ~18 s of a replacement worker's ~20 s on the embedded SmolLM2). The fork
+    then hands each worker the engine copy-on-write. What must not cross a fork does not: torch runs on one
+    thread in the master (no OpenMP pool exists to be lost), and the engine loop's thread, the decision
+    model (onnxruntime sessions own thread pools) and the batcher all start in the worker. A module this
+    install lacks, or an engine that fails to build, is left to the worker, which reports it by name."""
     started = time.monotonic()
+    out = Preloaded()
     kinds = []
     if not cfg.generate.only:
         kinds.append("student" if cfg.decide.student else "decide")
-    if cfg.generate.model_path() is not False:
+    model = cfg.generate.model_path()
+    if model is not False:
         kinds.append("generate")
     for name in dict.fromkeys(m for kind in kinds for m in PRELOAD_MODULES[kind]):
         try:
             importlib.import_module(name)
         except ImportError:
             continue
-    return time.monotonic() - started
+    if model is not False:
+        try:
+            import torch
+
+            out.torch_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            out.engine = _build_engine(cfg, model)
+        except Exception as exc:  # noqa: BLE001 -- the worker builds it again and stops the server on failure
+            log.warning("preload: the generation engine did not build in the master (%s); workers will", exc)
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _build_engine(cfg: ServeConfig, model: str | None) -> Any:
+    """The engine exactly as the generation service builds it (its `_build_engine`, which reads only
+    `cfg` and `model`), so a preloaded engine and a worker-built one cannot differ."""
+    from types import SimpleNamespace
+
+    from serving.generate.service import Service
+
+    return Service._build_engine(SimpleNamespace(cfg=cfg.generate, model=model))
 
 
 def _announce(server) -> None:
@@ -126,10 +178,12 @@ def _announce(server) -> None:
 
 
 def serve(cfg: ServeConfig) -> None:
+    loaded = Preloaded()
     if cfg.preload:
-        seconds = preload(cfg)
-        logging.getLogger("pagoda.serve").warning("preloaded the model code in the master in %.1fs", seconds)
-    GunicornServer(cfg).run()
+        loaded = preload(cfg)
+        log.warning("preloaded in the master in %.1fs (model code%s)", loaded.seconds,
+                    ", generation engine" if loaded.engine is not None else "")
+    GunicornServer(cfg, loaded.engine, loaded.torch_threads).run()
 
 
 # ---- the worker ---------------------------------------------------------------------------------------------
@@ -369,9 +423,10 @@ class Front:
             future = asyncio.run_coroutine_threadsafe(self._send(conn, writer, events), self.loop)
             future.result()
 
-        response = self.app(environ, start_response)
+        response = None
         sent_head = False
         try:
+            response = self.app(environ, start_response)
             for chunk in response:
                 if not chunk:
                     continue
@@ -384,8 +439,21 @@ class Front:
                 send(h11.EndOfMessage())
             else:
                 send(self._response_head(started), h11.EndOfMessage())
-        except (ConnectionError, OSError, TimeoutError, h11.LocalProtocolError):
+        except (ConnectionError, OSError, TimeoutError):
             return False  # the client left, or stopped reading: the stream is closed below (GeneratorExit)
+        except Exception:  # noqa: BLE001 -- the app's iterable failed: the client gets an answer, the log the cause
+            log.exception("the response to %s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"])
+            if not sent_head:
+                body = json.dumps(error_body("internal error; see the server log", "internal_error", None,
+                                             None), separators=(",", ":")).encode()
+                started[:] = ["500 Internal Server Error", [("Content-Type", "application/json"),
+                                                            ("Content-Length", str(len(body))),
+                                                            ("Connection", "close")]]
+                try:
+                    send(self._response_head(started), h11.Data(data=body), h11.EndOfMessage())
+                except Exception:  # noqa: BLE001 -- nobody left to tell
+                    pass
+            return False
         finally:
             close = getattr(response, "close", None)
             if close is not None:
