@@ -4,7 +4,7 @@ schemathesis reads `/openapi.json` (serving/openapi.py plus each API's part) and
 bodies, paths and queries that follow the schema and ones that break it; whatever it sends, the server must
 answer below 500, and every error in the project's JSON error shape (or, on the OpenAI-compatible routes,
 that shape as their dialect reshapes it). The example count is bounded
-(PAGODA_FUZZ_EXAMPLES per operation, default 25) and fixed-seed, so `make test` stays minutes, not hours.
+(PAGODA_FUZZ_EXAMPLES per operation, default 15) and fixed-seed, so `make test` stays minutes, not hours.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from serving_support import TINY_BERT
 
-EXAMPLES = int(os.environ.get("PAGODA_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("PAGODA_FUZZ_EXAMPLES", "15"))
 # The `both` server's limits (tests/serving/conftest.py), so the in-process document is the one it serves; the
 # document is needed at collection time, before any server runs (schemathesis's lazy loader fails on pytest 9).
 FLAGS = {"model": str(TINY_BERT), "generate_max_new_tokens": 512, "generate_threads": 48, "threads": 96}
