@@ -55,7 +55,7 @@ class StudentConfig:
 @dataclass
 class ExportConfig:
     tolerance: float = 1e-4       # max |ORT fp32 - torch| on logits before export fails
-    int8_tolerance: float = 0.25  # max |int8 - fp32| on calibrated probabilities before export fails
+    int8_tolerance: float = 0.05  # max |int8 - fp32| on calibrated probabilities (observed 0.006-0.018)
     check_rows: int = 64
 
 
