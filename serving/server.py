@@ -112,12 +112,12 @@ class GunicornServer(BaseApplication):
 
 
 # What the master imports with --preload: what a worker's model load imports (found with `python -X importtime`
-# on the embedded defaults: torch alone is ~8 s on a loaded 2-core box, onnxruntime and the model code most
-# of the rest). Importing defines code only: no tensor, no thread.
+# on the embedded defaults: torch alone is ~8 s on a loaded 2-core box). Importing defines code only. Not
+# onnxruntime: its import starts a native thread, and a worker forked with that thread's handle but not the
+# thread aborts at exit (`std::system_error` from its join), so the workers import it themselves (~1.4 s).
 PRELOAD_MODULES = {
-    "decide": ("onnxruntime", "tokenizers", "laya.agent", "laya.onnx_engine", "serving.decide.backend",
-               "serving.decide.routes"),
-    "student": ("onnxruntime", "tokenizers", "distill.runtime", "serving.decide.routes"),
+    "decide": ("tokenizers", "laya.agent", "laya.onnx_engine", "serving.decide.backend", "serving.decide.routes"),
+    "student": ("tokenizers", "serving.decide.routes"),
     "generate": ("torch", "gguf", "tokenizers", "generation.engine", "serving.generate.routes"),
 }
 
@@ -159,6 +159,10 @@ def preload(cfg: ServeConfig) -> Preloaded:
         except Exception as exc:  # noqa: BLE001 -- the worker builds it again and stops the server on failure
             log.warning("preload: the generation engine did not build in the master (%s); workers will", exc)
     out.seconds = time.monotonic() - started
+    native = len(os.listdir("/proc/self/task")) - threading.active_count() if os.path.isdir("/proc/self/task") else 0
+    if native > 0:
+        log.warning("preload left %d native thread(s) in the master; a forked worker has their handles but not "
+                    "the threads (it may abort at exit): a preloaded module starts threads on import", native)
     return out
 
 

@@ -276,6 +276,37 @@ def test_a_killed_worker_is_replaced(front):
     good_requests(front, n=2)
 
 
+def test_sighup_replaces_the_worker_gracefully(front):
+    """gunicorn's reload: a new worker from the master (the preloaded code), the old one drained."""
+    def workers() -> set[int]:
+        out = subprocess.run(["pgrep", "-P", str(front.proc.pid)], capture_output=True, text=True).stdout
+        return {int(p) for p in out.split()}
+
+    before = workers()
+    os.kill(front.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not workers() or workers() & before):
+        time.sleep(0.2)
+    assert workers() and not workers() & before, "the old worker is still there, or no new one came"
+    front._ready = False
+    front.running(headers=AUTH)
+    good_requests(front, n=2)
+
+
+def test_two_workers_answer_and_stop_cleanly(tmp_path):
+    """Both workers fork from the preloading master, answer, and exit 0 on SIGTERM: nothing preloaded left a
+    native thread whose handle a worker would inherit without the thread (that aborts a worker at exit)."""
+    server = ServerProcess(tmp_path / "two.log", ["--model", str(TINY_BERT), "--workers", "2"])
+    try:
+        server.running()
+        good_requests(server, n=4)
+    finally:
+        code = server.stop()
+    log = server.log()
+    assert code == 0, log[-3000:]
+    assert "terminate called" not in log and "SIGABRT" not in log and "native thread" not in log, log[-3000:]
+
+
 def test_streams_keep_working_beside_slow_clients(gen):
     """SSE through the front: events arrive one by one and end with [DONE], while 50 clients trickle heads."""
     slow = [connect(gen) for _ in range(50)]
