@@ -1,7 +1,7 @@
 """Request-thread budgets: how many of the worker's request threads each API may hold at once.
 
-A worker has a fixed pool of request threads (serving/server.py) and a streamed response keeps its thread until the
-last byte, so one API could take all of them. Each API's routes take a slot before the view runs and give
+A worker has a fixed pool of request threads (serving/server.py) and a streamed response keeps its thread
+until the last byte, so one API could take all of them. Each API's routes take a slot before the view runs and give
 it back when the response is closed (after the last chunk of a stream, or when the client went away);
 with no slot free the request gets 503 at once, and the other API still has its own. Plain WSGI/Flask
 hooks only, so the budget holds under any threaded WSGI server.
