@@ -42,9 +42,12 @@ def connect(server: ServerProcess, timeout: float = 10.0) -> socket.socket:
     return s
 
 
-def read_response(s: socket.socket) -> tuple[int, dict, bytes]:
-    """One whole response off a raw socket (Content-Length framed, as every error answer is)."""
-    data = b""
+def read_response(s: socket.socket, pending: bytearray | None = None) -> tuple[int, dict, bytes]:
+    """One whole response off a raw socket (Content-Length framed, as every error answer is). `pending`
+    carries bytes read past this response (pipelined answers can arrive in one segment) to the next call."""
+    pending = bytearray() if pending is None else pending
+    data = bytes(pending)
+    pending.clear()
     while b"\r\n\r\n" not in data:
         chunk = s.recv(65536)
         if not chunk:
@@ -60,6 +63,7 @@ def read_response(s: socket.socket) -> tuple[int, dict, bytes]:
         if not chunk:
             break
         rest += chunk
+    pending += rest[length:]
     return status, headers, rest[:length]
 
 
@@ -244,9 +248,14 @@ def test_keep_alive_pipelining_and_expect_continue(front):
     one = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-ID: first\r\n\r\n"
     two = f"GET /ready HTTP/1.1\r\nHost: x\r\nX-Request-ID: second\r\nAuthorization: Bearer {API_KEY}\r\n\r\n"
     s.sendall(one + two.encode())  # two requests in one write: answered in order on one connection
-    first, second = read_response(s), read_response(s)
+    pending = bytearray()
+    first, second = read_response(s, pending), read_response(s, pending)
     assert (first[0], first[1]["x-request-id"]) == (200, "first")
     assert (second[0], second[1]["x-request-id"]) == (200, "second")
+    s.sendall(b"".join(f"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-ID: p{i}\r\n\r\n".encode() for i in range(10)))
+    answers = [read_response(s, pending) for _ in range(10)]
+    assert [(a[0], a[1]["x-request-id"]) for a in answers] == [(200, f"p{i}") for i in range(10)]
+    assert not pending
     body = json.dumps(DECIDE).encode()
     s.sendall(f"POST /decide HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\nExpect: 100-continue\r\n"
               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
