@@ -249,6 +249,13 @@ def register(bench: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    bad = [f"--{n.replace('_', '-')}: must be a positive integer, got {getattr(args, n)}"
+           for n in ("context_tokens", "branches", "new_tokens", "rounds", "threads") if getattr(args, n) < 1]
+    if args.model is not None and not Path(args.model).exists():
+        bad.append(f"--model: {args.model}: no such model folder or .gguf file")
+    if bad:  # before any model loads: one line naming the flag, rc 2
+        print(f"pagoda bench lang: error: {bad[0]}", file=sys.stderr)
+        return 2
     result = run(args.model, context_tokens=args.context_tokens, branches=args.branches, new_tokens=args.new_tokens,
                  rounds=args.rounds, threads=args.threads, url=args.url, http=not args.no_http)
     report(result)

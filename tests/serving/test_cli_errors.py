@@ -70,10 +70,15 @@ def test_the_installed_entry_point_exits_2_without_traceback(argv):
 
 @pytest.mark.parametrize("value", ["abc", "0"])
 def test_bench_serve_bad_concurrency_names_the_flag(value, capsys):
-    """`pagoda bench serve --concurrency` refuses by name before starting any server (its exit status is
-    serving/cli.py's SystemExit: 1, not yet the 2 the other commands use)."""
+    """`pagoda bench serve --concurrency` refuses by name, rc 2, before starting any server."""
     rc, err = _run(["bench", "serve", "--concurrency", value], capsys)
-    if isinstance(rc, str):   # SystemExit(message): Python prints the message and exits 1
-        err, rc = rc, 1
-    assert rc != 0
-    assert err.strip().count("\n") == 0 and "--concurrency" in err and "Traceback" not in err
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and err.startswith("pagoda bench serve: error: --concurrency")
+
+
+@pytest.mark.parametrize("argv", [["--model", "/nonexistent"], ["--rounds", "0"], ["--branches", "-1"]])
+def test_bench_lang_bad_flags_name_the_flag(argv, capsys):
+    """`pagoda bench lang` refuses by name, rc 2, before loading a model."""
+    rc, err = _run(["bench", "lang", *argv], capsys)
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and err.startswith(f"pagoda bench lang: error: {argv[0]}")
