@@ -132,15 +132,16 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
 
 
 def require_json(app: Flask) -> None:
-    """Every POST route takes JSON and says so: `Content-Type: application/json` (any charset parameter).
+    """Every POST body is JSON and says so: `Content-Type: application/json` (any charset parameter). A POST
+    with no body (SGLang's `/flush_cache`) needs no type: there is nothing to mistype.
     Beyond naming the mistake early, this closes a hole: without an API key, a web page could POST to a local
     server as a "simple" cross-origin request (text/plain, form types) that browsers send without a CORS
     preflight; application/json always needs one."""
 
     @app.before_request
     def check_content_type() -> None:
-        if request.method != "POST" or request.url_rule is None:
-            return  # 404 and 405 say more than 415 would
+        if request.method != "POST" or request.url_rule is None or not request.content_length:
+            return  # 404 and 405 say more than 415 would; an empty body has no type to check
         if request.mimetype != "application/json":
             given = request.headers.get("Content-Type")
             raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "

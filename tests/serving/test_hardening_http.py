@@ -231,6 +231,8 @@ def test_post_routes_require_json(front):
     assert r.status_code == 200
     r = requests.post(front.url + "/nowhere", data=body, headers=AUTH, timeout=10)
     assert r.status_code == 404  # an unknown route says so, whatever its body
+    r = requests.post(front.url + "/decide", headers=AUTH, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json"  # no body: nothing to type
 
 
 def test_the_bearer_scheme_is_case_insensitive(front):
