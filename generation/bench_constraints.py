@@ -10,10 +10,10 @@ Two parts:
   decode   the engine on SmolLM2 itself: per-token time with and without `SamplingParams.constraint`
            at batch 1 and 32 (greedy, EOS ignored so both decode the same tokens; alternating rounds, wall
            and CPU clocks: the best of each, and the median of the rounds' own ratios; the load average
-           before and after), the time the grammar processor itself takes inside the constrained run,
-           compile time of `generation.constraints` cold and cached, and the share of outputs that
-           validate on the 20 extraction prompts of `data/extraction_prompts.json`, with and without the
-           constraint.
+           before and after), the time the grammar processor itself and the engine's whole `sample()`
+           take inside each run, compile time of `generation.constraints` cold and cached, and the share
+           of outputs that validate on the 20 extraction prompts of `data/extraction_prompts.json`, with
+           and without the constraint.
 """
 
 from __future__ import annotations
@@ -486,6 +486,30 @@ def _grammar_time():
         GrammarProcessor.accept, GrammarProcessor.apply_batch = accept, apply_batch
 
 
+@contextlib.contextmanager
+def _sampler_time():
+    """Adds the time the engine's `sample()` takes (processors, the batch argmax, sampling) to the yielded
+    dict's `seconds`: with the grammar's own time, what a constrained step adds outside the model's forward,
+    measured inside each run like `_grammar_time`."""
+    import generation.engine as engine_module
+
+    spent = {"seconds": 0.0}
+    sample = engine_module.sample
+
+    def timed(*args):
+        t = time.perf_counter()
+        try:
+            return sample(*args)
+        finally:
+            spent["seconds"] += time.perf_counter() - t
+
+    engine_module.sample = timed
+    try:
+        yield spent
+    finally:
+        engine_module.sample = sample
+
+
 def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -536,15 +560,17 @@ def run_decode(model: str | None = None, *, batches: tuple[int, ...] = (1, 32), 
         best = {(name, clock): float("inf") for name in ("unconstrained", "constrained") for clock in ("wall", "cpu")}
         per_round: dict[str, list[float]] = {"wall": [], "cpu": []}
         inside = float("inf")
-        with _grammar_time() as spent:
+        sampler = {"unconstrained": float("inf"), "constrained": float("inf")}
+        with _grammar_time() as spent, _sampler_time() as sampling:
             for r in tqdm(range(rounds), desc=f"batch {batch}", leave=False):
                 order = (("unconstrained", plain), ("constrained", constrained))
                 this: dict[tuple[str, str], float] = {}
                 for name, params in order if r % 2 == 0 else order[::-1]:
-                    spent["seconds"] = 0.0
+                    spent["seconds"] = sampling["seconds"] = 0.0
                     wall, cpu, tokens = _timed_generate(engine, chosen, params)
                     steps = tokens / batch
                     this[name, "wall"], this[name, "cpu"] = 1e3 * wall / steps, 1e3 * cpu / steps
+                    sampler[name] = min(sampler[name], 1e3 * sampling["seconds"] / steps)
                     if name == "constrained":
                         inside = min(inside, 1e3 * spent["seconds"] / steps)
                 for key, v in this.items():
@@ -557,6 +583,11 @@ def run_decode(model: str | None = None, *, batches: tuple[int, ...] = (1, 32), 
         row["processor_share"] = share = inside / best["unconstrained", "wall"]
         print(f"batch {batch:>2}: load average (1/5/15 min) {row['load_average']}")
         print(f"batch {batch:>2}: grammar processor {inside:.2f} ms/step = {100 * share:.2f}% of an unconstrained step")
+        row["sampler_ms_per_step"] = sampler
+        added = sampler["constrained"] - sampler["unconstrained"]
+        print(f"batch {batch:>2}: sample() unconstrained {sampler['unconstrained']:.2f} ms/step, constrained "
+              f"{sampler['constrained']:.2f} ms/step (grammar included): +{added:.2f} ms = "
+              f"{100 * added / best['unconstrained', 'wall']:.2f}% of an unconstrained step")
         for clock in ("wall", "cpu"):
             row[f"{clock}_ratio"] = ratio = best["constrained", clock] / best["unconstrained", clock]
             row[f"{clock}_round_ratios"] = ratios = per_round[clock]
