@@ -20,7 +20,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_llama(folder: Path, *, seed: int = 0, tie: bool = False, kv_heads: int = 2, rope_scaling: dict | None = None) -> Path:
+def build_tiny_llama(folder: Path, *, seed: int = 0, tie: bool = False, kv_heads: int = 2, rope_scaling: dict | None = None,
+                     max_positions: int = 1024) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -38,7 +39,7 @@ def build_tiny_llama(folder: Path, *, seed: int = 0, tie: bool = False, kv_heads
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         initializer_range=0.3, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         rope_scaling=rope_scaling,
     )

@@ -10,6 +10,8 @@ import time
 import pytest
 import requests
 
+JSON = {"Content-Type": "application/json"}  # a POST body must say it is JSON (415 otherwise)
+
 MSG = [{"role": "user", "content": "hello"}]
 LONG = "the quick brown fox jumps over the lazy dog " * 8  # over the tight server's 40 prompt tokens
 
@@ -26,7 +28,7 @@ CHAT_CASES = [
     ({"messages": MSG, "top_p": 0}, "top_p"),
     ({"messages": MSG, "temperature": "hot"}, "temperature"),
     ({"messages": MSG, "presence_penalty": 3}, "presence_penalty"),
-    ({"messages": MSG, "max_tokens": 2001}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": 8001}, "max_tokens"),
     ({"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": MSG, "n": 3}, "n"),
     ({"messages": MSG, "seed": 1.5}, "seed"),
@@ -58,7 +60,7 @@ GENERATE_CASES = [
     ({"text": "a", "sampling_params": "greedy"}, "sampling_params"),
     ({"text": "a", "sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
     ({"text": "a", "sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens"),
-    ({"text": "a", "sampling_params": {"max_new_tokens": 2001}}, "sampling_params.max_new_tokens"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": 8001}}, "sampling_params.max_new_tokens"),
     ({"text": "a", "sampling_params": {"stop_regex": ["x+"]}}, "sampling_params.stop_regex"),
     ({"text": "a", "sampling_params": {"frobnicate": 1}}, "sampling_params.frobnicate"),
     ({"text": "a", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
@@ -96,13 +98,13 @@ def test_generate_errors_name_the_field(tight, body, field):
 
 
 def test_protocol_errors_in_each_dialect(tight):
-    openai_error(requests.post(tight.url + "/v1/chat/completions", data=b"{nope", timeout=30), 400, None, "invalid_json")
+    openai_error(requests.post(tight.url + "/v1/chat/completions", data=b"{nope", headers=JSON, timeout=30), 400, None, "invalid_json")
     openai_error(requests.get(tight.url + "/v1/chat/completions", timeout=30), 405, None, "method_not_allowed")
     openai_error(requests.post(tight.url + "/v1/chat/completions", json={"model": "gpt-4", "messages": MSG},
                                timeout=30), 404, "model", "model_not_found")
     openai_error(requests.post(tight.url + "/v1/pins", json={}, timeout=30), 400, "text")
     openai_error(requests.delete(tight.url + "/v1/pins/pin-404", timeout=30), 404, "pin")
-    r = requests.post(tight.url + "/generate", data=b"[", timeout=30)
+    r = requests.post(tight.url + "/generate", data=b"[", headers=JSON, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json"
     assert requests.post(tight.url + "/decide", json={"state": "x"}, timeout=30).status_code == 404  # generation only
 
@@ -114,14 +116,14 @@ def test_queue_full_is_503_with_retry_after(tight):
 
 
 def test_deadline_ends_answers_and_streams(tight):
-    body = {"messages": MSG, "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    body = {"messages": MSG, "max_tokens": 8000, "temperature": 0, "ignore_eos": True}
     openai_error(requests.post(tight.url + "/v1/chat/completions", json=body, timeout=60), 504, None, "timeout")
     with requests.post(tight.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=60) as r:
         lines = [line for line in r.iter_lines(decode_unicode=True) if line]
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][len("data: "):])
     assert last["error"]["code"] == "timeout"
-    r = requests.post(tight.url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2000,
+    r = requests.post(tight.url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 8000,
                                                                                       "ignore_eos": True}}, timeout=60)
     assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
 
@@ -129,7 +131,7 @@ def test_deadline_ends_answers_and_streams(tight):
 def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
     """Two streams hold the tight server's 2 generation threads until their 2 s deadline; a third request
     meanwhile gets 503 at once. (Under heavy load the two may not both be open in time: then try again.)"""
-    body = {"messages": MSG, "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {"messages": MSG, "max_tokens": 8000, "temperature": 0, "ignore_eos": True, "stream": True}
 
     def hold(started: threading.Event) -> None:
         with requests.post(tight.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
