@@ -155,7 +155,9 @@ def preload(cfg: ServeConfig) -> Preloaded:
 
             out.torch_threads = torch.get_num_threads()
             torch.set_num_threads(1)
-            out.engine = _build_engine(cfg, model)
+            from serving.generate.service import build_engine
+
+            out.engine = build_engine(cfg.generate, model)
         except Exception as exc:  # noqa: BLE001 -- the worker builds it again and stops the server on failure
             log.warning("preload: the generation engine did not build in the master (%s); workers will", exc)
     out.seconds = time.monotonic() - started
@@ -164,16 +166,6 @@ def preload(cfg: ServeConfig) -> Preloaded:
         log.warning("preload left %d native thread(s) in the master; a forked worker has their handles but not "
                     "the threads (it may abort at exit): a preloaded module starts threads on import", native)
     return out
-
-
-def _build_engine(cfg: ServeConfig, model: str | None) -> Any:
-    """The engine exactly as the generation service builds it (its `_build_engine`, which reads only
-    `cfg` and `model`), so a preloaded engine and a worker-built one cannot differ."""
-    from types import SimpleNamespace
-
-    from serving.generate.service import Service
-
-    return Service._build_engine(SimpleNamespace(cfg=cfg.generate, model=model))
 
 
 def _announce(server) -> None:

@@ -86,14 +86,8 @@ class LocalBackend(Backend):
         return batch.outputs  # type: ignore[return-value]
 
     def _sampling(self, params: GenParams, site: CallSite) -> SamplingParams:
-        processors = []
-        if params.constraint is not None:
-            try:
-                from generation.constraints import processor_from_request
-
-                processors = [processor_from_request(params.constraint, self.engine, stop_token_ids=params.stop_token_ids)]
-            except (ImportError, ValueError) as exc:
-                raise LangError(site, f"the local backend cannot honour this constraint: {exc}") from None
+        # the constraint rides in SamplingParams, as every engine client's does: its shape is checked here,
+        # it is compiled when the request is submitted, and either failure is a LangError naming the call
         try:
             return SamplingParams(
                 max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
@@ -101,7 +95,7 @@ class LocalBackend(Backend):
                 frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
                 stop=params.stops, stop_token_ids=list(params.stop_token_ids or []), ignore_eos=params.ignore_eos,
                 seed=params.seed, logprobs=(params.top_logprobs_num or 0) if params.return_logprob else None,
-                logits_processors=processors)
+                constraint=params.constraint)
         except InvalidParam as exc:
             raise LangError(site, str(exc)) from None
 

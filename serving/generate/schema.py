@@ -251,7 +251,7 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
 def _message(message: Any, i: int) -> dict[str, Any]:
     f = Fields(message, {"role", "content"}, f"messages[{i}].", "a message")
     role = f.raw("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a dict or list is unhashable: test the type first
         raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
     content = f.raw("content")
     if content is None:

@@ -40,6 +40,19 @@ def body_field(req: Request, field: str, default: str | None = None) -> str:
     return req.names.get(field, default or field)
 
 
+def build_engine(cfg: GenerateConfig, model: str | None) -> Any:
+    """The engine the generation settings describe: the one place a served engine is built, so the one a
+    preloading master builds before the fork and the one a worker builds cannot differ."""
+    from generation.config import EngineConfig
+    from generation.engine import Engine
+
+    return Engine(EngineConfig(
+        model=model, cache_backend=cfg.cache_backend, device=cfg.device, dtype=cfg.dtype, block_size=cfg.block_size,
+        num_blocks=cfg.num_blocks, kv_cache_memory_mb=cfg.kv_cache_mb, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, chunked_prefill=cfg.chunked_prefill,
+        scheduling=cfg.scheduling, max_model_len=cfg.max_model_len))
+
+
 class Run:
     """One request in flight: prompts x n choices in one engine batch (batch index = prompt * n + choice).
 
@@ -158,24 +171,13 @@ class Service:
         def load() -> None:
             try:
                 started = time.monotonic()
-                self.attach(self._build_engine())
+                self.attach(build_engine(self.cfg, self.model))
                 log.info("generation model %s ready in %.1fs", self.name, time.monotonic() - started)
             except Exception as exc:  # noqa: BLE001 -- reported by /ready and the log, not a crash loop
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.exception("generation model failed to load")
 
         threading.Thread(target=load, name="pagoda-llm-load", daemon=True).start()
-
-    def _build_engine(self) -> Any:
-        from generation.config import EngineConfig
-        from generation.engine import Engine
-
-        c = self.cfg
-        return Engine(EngineConfig(
-            model=self.model, cache_backend=c.cache_backend, device=c.device, dtype=c.dtype, block_size=c.block_size,
-            num_blocks=c.num_blocks, kv_cache_memory_mb=c.kv_cache_mb, max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens, chunked_prefill=c.chunked_prefill,
-            scheduling=c.scheduling, max_model_len=c.max_model_len))
 
     def attach(self, engine: Any) -> None:
         from generation.engine_loop import EngineLoop
