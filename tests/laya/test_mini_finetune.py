@@ -1,0 +1,86 @@
+"""`pagoda laya-mini finetune`: a few steps on a tiny checkpoint and the tiny CLINC150/Snips fixture folder give a
+loadable, calibrated checkpoint that answers differently from its init; the teacher term is a KL that vanishes only
+at the teacher's distribution; bad flags are one line naming the flag, rc 2."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_mini_eval import data  # noqa: F401  (the tiny CLINC150/Snips folder fixture)
+
+import laya
+from laya.scenarios import load as scenario
+from laya.training.examples import items_from_example
+from laya.training.finetune import FinetuneConfig, finetune, teacher_kl
+
+TINY_CORPUS = {"tickets_train": 40, "tickets_calib": 12, "tickets_test": 4, "tickets_unseen": 4,
+               "reviews_train": 40, "reviews_calib": 12, "reviews_test": 4}
+
+
+def test_finetune_writes_a_calibrated_checkpoint_that_answers_differently(laya_tiny_bert, data, tmp_path):  # noqa: F811
+    out = tmp_path / "ft"
+    # lr 1e-2 so 3 Adam steps move the trained weights far beyond F16 rounding (the shipped recipe: 1e-4 / 3e-5)
+    cfg = FinetuneConfig(init=laya_tiny_bert, out=str(out), data=str(data), steps=3, batch_size=8, window_batches=2,
+                         lr=1e-2, encoder_lr=1e-2, mix={"intents": 0.5, "tickets": 0.5}, corpus=TINY_CORPUS,
+                         intents_calib=20, threads=1)
+    summary = finetune(cfg, progress=False)
+    assert summary["steps"] == 3 and sum(summary["steps_by_source"].values()) == 3
+    w0 = load_file(f"{laya_tiny_bert}/model.safetensors")
+    w1 = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    frozen = "encoder.embeddings.word_embeddings.weight"
+    assert torch.all((w1[frozen] - w0[frozen]).abs() <= w0[frozen].abs() * 2**-10 + 1e-6)   # F16 rounding only
+    assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3               # trained
+    state, questions = scenario()
+    before = laya.load(laya_tiny_bert).predict(state, questions)["answers"]
+    after = laya.load(str(out)).predict(state, questions)["answers"]
+    assert after["department"]["probabilities"] != before["department"]["probabilities"]
+    stored = json.loads((out / "rl_agent_config.json").read_text())
+    assert stored["temperature"] == [round(t, 4) for t in summary["temperature"]]
+    assert stored["laya_mini"]["fine_tune"]["steps"] == 3
+    assert (out / "calib.jsonl").stat().st_size > 0
+
+
+class _Teacher:
+    """Known similarities (no encoder): option text 'transfer' 1.0, others 0."""
+
+    def embed(self, texts, progress=False):
+        return None
+
+    def distribution(self, text, options, tau):
+        z = np.array([1.0 if o == "transfer" else 0.0 for o in options]) / tau
+        p = np.exp(z - z.max())
+        return p / p.sum()
+
+
+def test_teacher_term_is_zero_only_at_the_teacher_distribution():
+    ex = {"state": "send money to my brother", "labels": {"intent": "Transfer"},
+          "questions": {"intent": {"type": "choice", "instructions": "intent", "criteria": ["Transfer", "Balance",
+                                                                                          "other"]}}}
+    item = items_from_example(ex, "t")[0]
+    teacher = {"Transfer": "transfer", "Balance": "balance", "other": None}   # the catch-all has no text
+    p = _Teacher().distribution("", ["transfer", "balance"], 0.5)
+    at_teacher = torch.tensor([[*np.log(p), 5.0]], dtype=torch.float32)       # the catch-all's logit is ignored
+    assert float(teacher_kl(at_teacher, [item], [teacher], _Teacher(), 0.5)) == pytest.approx(0.0, abs=1e-6)
+    flat = torch.zeros(1, 3)
+    assert float(teacher_kl(flat, [item], [teacher], _Teacher(), 0.5)) > 0.1
+    assert teacher_kl(flat, [item], [None], _Teacher(), 0.5) is None          # no teacher: no term
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--out", "OUT"], "--init"),
+    (["--init", "INIT"], "--out"),
+    (["--init", "INIT", "--out", "OUT", "--steps", "abc"], "--steps"),
+    (["--init", "INIT", "--out", "OUT", "--steps", "0"], "--steps"),
+    (["--init", "INIT", "--out", "OUT", "--threads", "-1"], "--threads"),
+    (["--init", "MISSING", "--out", "OUT"], "--init"),
+])
+def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_path, capsys):
+    from serving.cli import main
+
+    subst = {"INIT": laya_tiny_bert, "OUT": str(tmp_path / "out"), "MISSING": str(tmp_path / "nowhere")}
+    rc = main(["laya-mini", "finetune", *[subst.get(a, a) for a in argv]])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and flag in err, err
+    assert not (tmp_path / "out").exists()
