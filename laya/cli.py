@@ -262,7 +262,6 @@ def _mini_finetune(args: argparse.Namespace) -> int:
         cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
                              threads=_int_flag("--threads", args.threads))
-        cfg.validate()
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)
