@@ -19,7 +19,25 @@ from serving.generate.config import GenerateConfig
 
 
 @dataclass
-class ServeConfig(Settings):
+class FrontSettings(Settings):
+    """What each worker's HTTP front enforces before a request thread sees a request (`serving.server`):
+    shared by every server built on it (`pagoda serve`, `pagoda gateway`), so both take the same flags."""
+
+    max_connections: int = option(1000, "open connections per worker; past it the longest-idle one is closed for "
+                                        "a new one, or with none idle the new one gets 503", minimum=1)
+    keepalive_s: float = option(5.0, "an idle connection (before its first request or between two) closes after "
+                                     "this", positive=True)
+    header_timeout_s: float = option(10.0, "a request's line and headers must arrive within this of their first "
+                                           "byte; past it 408", positive=True)
+    body_timeout_s: float = option(30.0, "a request's whole body must arrive within this of its headers; past it "
+                                         "408", positive=True)
+    write_timeout_s: float = option(30.0, "a client that takes none of its response for this long is dropped "
+                                          "(its stream aborted)", positive=True)
+    max_header_bytes: int = option(16384, "largest request line plus headers; past it 431", minimum=256)
+
+
+@dataclass
+class ServeConfig(FrontSettings):
     host: str = option("127.0.0.1", "bind address")
     port: int = option(8000, "bind port (0 picks a free one)", minimum=0, maximum=65535)
     workers: int = option(1, "gunicorn worker processes; each holds its own models and model-worker threads",
@@ -36,17 +54,6 @@ class ServeConfig(Settings):
     request_timeout_s: float = option(30.0, "deadline per request; past it the request gets 504", positive=True)
     max_body_bytes: int = option(1 << 20, "largest request body; past it 413", minimum=1)
     graceful_timeout_s: float = option(30.0, "on SIGTERM, how long in-flight requests get to finish", minimum=0)
-    max_connections: int = option(1000, "open connections per worker; past it the longest-idle one is closed for "
-                                        "a new one, or with none idle the new one gets 503", minimum=1)
-    keepalive_s: float = option(5.0, "an idle connection (before its first request or between two) closes after "
-                                     "this", positive=True)
-    header_timeout_s: float = option(10.0, "a request's line and headers must arrive within this of their first "
-                                           "byte; past it 408", positive=True)
-    body_timeout_s: float = option(30.0, "a request's whole body must arrive within this of its headers; past it "
-                                         "408", positive=True)
-    write_timeout_s: float = option(30.0, "a client that takes none of its response for this long is dropped "
-                                          "(its stream aborted)", positive=True)
-    max_header_bytes: int = option(16384, "largest request line plus headers; past it 431", minimum=256)
     preload: bool = option(True, "import the model code in the master before forking, so a replacement worker "
                                  "only loads weights")
     access_log: bool = option(True, "one JSON line per request on stderr")

@@ -44,7 +44,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base import Worker
 
 from serving.access_log import access_log
-from serving.config import ServeConfig
+from serving.config import FrontSettings, ServeConfig
 from serving.errors import error_body
 
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
@@ -197,7 +197,7 @@ class Limits:
     max_body_bytes: int
 
     @classmethod
-    def of(cls, cfg: ServeConfig) -> Limits:
+    def of(cls, cfg: FrontSettings) -> Limits:
         return cls(cfg.max_connections, cfg.keepalive_s, cfg.header_timeout_s, cfg.body_timeout_s,
                    cfg.write_timeout_s, cfg.max_header_bytes, cfg.max_body_bytes)
 

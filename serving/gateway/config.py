@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from serving.config import FrontSettings
 from serving.decide.config import DecideConfig
 from serving.decide.mapping_file import read_mapping
-from serving.flags import Settings, option
+from serving.flags import option
 
 GROUP_NAME = re.compile(r"[A-Za-z_][\w-]*")  # a group is named by a routing rule, so it is a rule name
 
@@ -36,7 +37,7 @@ class UpstreamSpec:
 
 
 @dataclass
-class GatewayConfig(Settings):
+class GatewayConfig(FrontSettings):
     upstream: str | None = option(None, "an upstream server as NAME=URL (repeat the flag; a variable or config file "
                                         "joins them with commas); upstreams sharing a NAME form a group of replicas")
     route: str | None = option(None, "rules file (YAML or JSON): Laya questions about each request and the rules "
