@@ -194,7 +194,9 @@ MINI_TICKETS = 160
 def mini_student(tmp_path_factory):
     """`pagoda distill --teacher default` (laya-mini) on 160 tickets: about 2 minutes on 2 shared cores."""
     from distill.corpus import write_tickets
+    from laya.training import mini
 
+    mini.ensure()  # `--teacher default` is the built laya-mini: a fresh clone has not assembled it yet
     d = tmp_path_factory.mktemp("mini-student")
     (d / "task.yaml").write_text(yaml.safe_dump(MINI_TASK, sort_keys=False))
     data = write_tickets(d / "tickets.jsonl", MINI_TICKETS, seed=7)
