@@ -21,7 +21,8 @@ from serving.decide.metrics import DecideMetrics
 def test_batched_rows_equal_unbatched(agent, billing_questions):
     backend = LayaBackend(agent, "tiny")
     metrics = DecideMetrics()
-    batcher = Batcher(backend.run, BatchLimits(max_wait_ms=50), metrics)
+    # a wait long enough for all 12 threads to arrive on a loaded machine (50 ms was not, in CI)
+    batcher = Batcher(backend.run, BatchLimits(max_wait_ms=1000), metrics)
     names = list(billing_questions)
     work = [backend.prepare(f"{BILLING_STATE[: 10 + 7 * i]} #{i}",
                             {n: billing_questions[n] for n in names[i % 3:]}, {}) for i in range(12)]
