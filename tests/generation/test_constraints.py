@@ -15,6 +15,7 @@ import torch
 
 from generation import Engine, EngineConfig, SamplingParams
 from generation.constraints import CACHE, Constraint, GrammarCache, processor_from_request
+from tests.generation.grammar_checks import is_arith
 
 # Every string, number and array is bounded, so a model whose weights are noise must still finish:
 # compact whitespace leaves it nowhere else to go.
@@ -322,32 +323,11 @@ def test_flexible_whitespace_accepts_pretty_json_and_lets_a_weak_model_wander(en
     ('start: expr\nexpr: term ("+" term)*\nterm: /[0-9]/ | "(" expr ")"', "arith"),
 ])
 def test_grammars_in_gbnf_and_lark(engine, grammar, check):
-    def arith(s: str) -> bool:  # the language both grammars describe, checked by a recursive descent
-        def expr(i: int) -> int:
-            i = term(i)
-            while i < len(s) and s[i] == "+":
-                i = term(i + 1)
-            return i
-
-        def term(i: int) -> int:
-            if i < len(s) and s[i].isdigit():
-                return i + 1
-            if i < len(s) and s[i] == "(":
-                i = expr(i + 1)
-                if i < len(s) and s[i] == ")":
-                    return i + 1
-            raise ValueError(s)
-
-        try:
-            return expr(0) == len(s)
-        except ValueError:
-            return False
-
     outs = engine.generate(PROMPTS, [constrained({"grammar": grammar}, temperature=1.0, seed=s)
                                      for s in range(4)])
     done = [o for o in outs if o.finish_reason == "stop"]
     assert done
-    assert all(arith(o.text) for o in done), [o.text for o in done]
+    assert all(is_arith(o.text) for o in done), [o.text for o in done]
 
 
 def test_max_new_tokens_cuts_a_prefix_with_finish_reason_length(engine):

@@ -21,6 +21,7 @@ from serving_support import GEN_ENGINE_FLAGS, ServerProcess
 
 from generation import Engine, EngineConfig, SamplingParams
 from generation.constraints import processor_from_request
+from tests.generation.grammar_checks import is_arith
 from tests.generation.test_constraints import TEST_SCHEMAS, build_tiny_smollm2
 
 MODEL = "tiny-smollm2"
@@ -60,29 +61,6 @@ def post(server, body, **kw):
 
 def response_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "fields", "schema": schema, "strict": True}}
-
-
-def is_arith(s: str) -> bool:
-    """The language GBNF describes, by recursive descent."""
-    def expr(i: int) -> int:
-        i = term(i)
-        while i < len(s) and s[i] == "+":
-            i = term(i + 1)
-        return i
-
-    def term(i: int) -> int:
-        if i < len(s) and s[i].isdigit():
-            return i + 1
-        if i < len(s) and s[i] == "(":
-            i = expr(i + 1)
-            if i < len(s) and s[i] == ")":
-                return i + 1
-        raise ValueError(s)
-
-    try:
-        return expr(0) == len(s)
-    except ValueError:
-        return False
 
 
 # ---- OpenAI routes ----------------------------------------------------------------------------------------
