@@ -103,3 +103,20 @@ class ServerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+SMALL_STUDENT_TASK = {  # a linear student over the tiny BERT: distils in seconds; copy it and set `name`
+    "name": "small-triage", "text_field": "text",
+    "questions": {
+        "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
+                       "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages",
+                                    "other": "everything else"}},
+        "churn": {"type": "noul", "instructions": "Does the user threaten to cancel or leave?"},
+    },
+    "gold": {"department": "department", "churn": "churn"},
+    "labels": {"chunk_rows": 40, "batch_size": 16},
+    "split": {"holdout": 0.25, "validation": 0.15},
+    "student": {"kind": "linear", "max_len": 64, "baseline": False},
+    "export": {"check_rows": 8},
+    "report": {"singles": 1, "teacher_singles": 1, "batches": 1, "batch_size": 2},
+}

@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 from prometheus_client import CollectorRegistry
-from serving_support import BILLING_STATE, REPO, TINY_BERT, ServerProcess, heavy_questions
+from serving_support import BILLING_STATE, REPO, SMALL_STUDENT_TASK, TINY_BERT, ServerProcess, heavy_questions
 
 from serving.decide.backend import LayaBackend
 from serving.decide.batcher import Batcher, BatchLimits, ModelError
@@ -370,21 +370,7 @@ def test_generation_bodies_are_400_naming_the_field(tight, path, body, field, wo
 
 # ---- a student server ------------------------------------------------------------------------------------------
 
-STUDENT_TASK = {
-    "name": "hardening-triage", "text_field": "text",
-    "questions": {
-        "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
-                       "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages",
-                                    "other": "everything else"}},
-        "churn": {"type": "noul", "instructions": "Does the user threaten to cancel or leave?"},
-    },
-    "gold": {"department": "department", "churn": "churn"},
-    "labels": {"chunk_rows": 40, "batch_size": 16},
-    "split": {"holdout": 0.25, "validation": 0.15},
-    "student": {"kind": "linear", "max_len": 64, "baseline": False},
-    "export": {"check_rows": 8},
-    "report": {"singles": 1, "teacher_singles": 1, "batches": 1, "batch_size": 2},
-}
+STUDENT_TASK = {**SMALL_STUDENT_TASK, "name": "hardening-triage"}
 
 
 @pytest.mark.slow

@@ -9,25 +9,11 @@ import sys
 import pytest
 import requests
 import yaml
-from serving_support import REPO, TINY_BERT, ServerProcess
+from serving_support import REPO, SMALL_STUDENT_TASK, TINY_BERT, ServerProcess
 
 pytestmark = pytest.mark.slow
 
-TASK = {
-    "name": "serve-triage", "text_field": "text",
-    "questions": {
-        "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
-                       "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages",
-                                    "other": "everything else"}},
-        "churn": {"type": "noul", "instructions": "Does the user threaten to cancel or leave?"},
-    },
-    "gold": {"department": "department", "churn": "churn"},
-    "labels": {"chunk_rows": 40, "batch_size": 16},
-    "split": {"holdout": 0.25, "validation": 0.15},
-    "student": {"kind": "linear", "max_len": 64, "baseline": False},
-    "export": {"check_rows": 8},
-    "report": {"singles": 1, "teacher_singles": 1, "batches": 1, "batch_size": 2},
-}
+TASK = {**SMALL_STUDENT_TASK, "name": "serve-triage"}
 
 
 @pytest.fixture(scope="module")
