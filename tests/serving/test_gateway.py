@@ -183,7 +183,8 @@ def test_non_streamed_answers_are_the_upstreams_bytes(gateway, edge, path, body)
     direct = post(edge.url, path, body, "same-id-1", edge)
     through = post(gateway.url, path, body, "same-id-1", edge)
     assert through.status_code == direct.status_code
-    assert masked(through.content) == masked(direct.content) and len(through.content) == len(direct.content)
+    # Byte for byte but for the fields a second answer must change (ids, clocks; `e2e_latency`'s digits vary).
+    assert masked(through.content) == masked(direct.content)
     assert through.headers["Content-Type"] == direct.headers["Content-Type"]
     assert through.headers["X-Pagoda-Route"] == "edge" and through.headers["X-Pagoda-Upstream"] == edge.url
     assert through.headers["X-Request-ID"] == "same-id-1"
