@@ -3,9 +3,13 @@
 No public support-ticket corpus installs offline under a clear licence, so we compose tickets from
 hand-written fragments. The labels are drawn first and the text is written to them, so every
 label is true by construction; the variety (register, length, order of the parts, slots, typos,
-no cue at all for some labels) is there so a model must read the ticket rather than match a
-template. Department, urgency, churn and sentiment are drawn independently, so no label leaks
-another. `generate` is the public entry point (distillation reuses it for its students).
+one bare line or a letter, no cue at all for some labels) is there so a model must read the ticket
+rather than match a template. Department, churn and sentiment are drawn independently. Urgency is
+not, because triage does not read it that way: a problem that stops work ("nobody can log in") is
+blocking unless the customer says otherwise, and a churn threat makes a ticket at least "soon" even
+with no word about time. (The first version drew urgency independently of the text, so a ticket
+without an urgency cue always read "not urgent": "refund or we cancel" answered urgency 0.0.)
+`generate` is the public entry point (distillation reuses it for its students).
 """
 
 from __future__ import annotations
@@ -118,23 +122,52 @@ _PROBLEMS: dict[str, tuple[str, ...]] = {
 
 _URGENCY_CUES: tuple[tuple[str, ...], ...] = (
     ("No rush on this.", "Whenever you get a chance.", "Just curious, no hurry.", "It's not urgent.",
-     "Take your time.", "This can wait until next week.", "Low priority, just letting you know."),
+     "Take your time.", "This can wait until next week.", "Low priority, just letting you know.", "No rush.",
+     "Not urgent at all.", "Whenever is convenient.", "No hurry, just wondering.", "Low priority.", "It can wait.",
+     "Any time next week is fine.", "Just for my records, no hurry.", "Totally not urgent."),
     ("Could you look into it this week?", "I'd appreciate a reply soon.", "Please get back to me in the next few days.",
-     "It would be good to sort this out soon.", "A quick answer would help.", "Please handle it when you can this week."),
+     "It would be good to sort this out soon.", "A quick answer would help.", "Please handle it when you can this week.",
+     "Please look at it this week.", "A reply in the next day or two would be great.", "Soon, please.",
+     "We'd like this sorted before the end of the week.", "It's getting annoying, please fix it soon.",
+     "Would appreciate a quick reply.", "It needs attention but we can work around it for now."),
     ("This is urgent!", "Please fix this today.", "We are completely blocked.", "ASAP please, nothing works.",
      "Our business is losing money every hour this continues.", "I need this resolved right now.",
-     "Production is down for all our users.", "We have a deadline in two hours and cannot work."),
+     "Production is down for all our users.", "We have a deadline in two hours and cannot work.",
+     "This is blocking us.", "We need this fixed right now.", "Urgent!!", "Nobody can work until this is fixed.",
+     "Please treat this as an emergency.", "We are losing customers every minute.", "This needs to happen today.",
+     "Please act immediately.", "Right now, please.", "Our deadline is in an hour.", "We're dead in the water."),
 )
 
 # Deadlines are often folded into the request itself ("please refund it today") rather than said in a
 # sentence of their own; a model that only saw stand-alone cues would miss them.
 _URGENCY_DEADLINES: tuple[tuple[str, ...], ...] = (
     (),
-    ("this week", "in the next few days", "by Friday", "soon", "before the end of the month"),
-    ("today", "right away", "immediately", "within the hour", "before tonight", "by end of day"),
+    ("this week", "in the next few days", "by Friday", "soon", "before the end of the month", "by Thursday",
+     "in the next couple of days", "before next week"),
+    ("today", "right away", "immediately", "within the hour", "before tonight", "by end of day", "right now", "now",
+     "this morning", "ASAP", "before 5pm today"),
 )
 _REQUESTS = ("Please sort it out", "Please fix it", "Please refund the difference", "Please correct it",
-             "Please look into it", "Can you resolve this", "I need an answer")
+             "Please look into it", "Can you resolve this", "I need an answer", "I need it resolved",
+             "Get back to me", "Please handle it", "Can you look at it")
+_DEPARTMENT_REQUESTS = {
+    "billing": ("Please refund it", "Refund the duplicate", "Please correct the invoice", "Fix the charge"),
+    "technical": ("Fix this", "Can you fix it", "Please get it working again"),
+    "account": ("Restore access", "Please fix my account", "Please make the change"),
+    "shipping": ("Send it", "Please ship the replacement", "Tell me where it is"),
+    "other": ("Please answer", "Let me know"),
+}
+# Problems that stop work by themselves: blocking unless the customer says otherwise.
+_BLOCKING: dict[str, tuple[str, ...]] = {
+    "technical": ("The whole site is down for all of our users.", "Nobody on our team can log in.",
+                  "Our production system is offline.", "Every request fails with {error}, we can't work.",
+                  "The app won't open at all and we have customers waiting."),
+    "account": ("I'm locked out of my account and can't access anything.", "All our admins got locked out.",
+                "Our entire team lost access to the workspace."),
+    "billing": ("Our account was suspended for non-payment even though we paid, and the service is cut off.",
+                "The payment keeps failing and our service shuts off tonight."),
+    "shipping": ("The parts for tomorrow's event never arrived and we need them today.",),
+}
 
 _CHURN_CUES = (
     "or we will cancel our plan.", "If this is not fixed we are switching to a competitor.",
@@ -142,6 +175,17 @@ _CHURN_CUES = (
     "One more problem like this and we are leaving.", "I want to cancel if this cannot be solved.",
     "We are evaluating other providers because of this.", "Please cancel my membership if you can't help.",
     "I will not renew next month unless this is fixed.", "Honestly I'm done with this service.",
+    "or we cancel.", "or I cancel.", "or we're cancelling.", "or I'm out.", "or we leave.", "otherwise we cancel.",
+    "or we'll cancel the subscription.", "or we switch providers.", "otherwise I'm closing my account.",
+    "or I will cancel my membership.",
+    "I want to cancel my account.", "Please cancel my subscription, I'm done.", "Close my account.",
+    "We're moving to another vendor.", "I'm switching to a competitor.", "We will not renew.",
+    "This is the last straw, we're leaving.", "I'll take my business elsewhere.", "Time to look for another service.",
+    "If this happens again we cancel.", "We're seriously considering other options.", "I'm about to cancel.",
+    "Cancel everything and refund me.", "I regret signing up and want out.", "We are done with your service.",
+    "I want to end my contract.", "Our team will drop the product if this continues.",
+    "I plan to cancel my plan at the end of the month.", "Terminate my account, please.",
+    "Going to unsubscribe if nobody answers.", "I'm leaving for good.",
 )
 
 _SENTIMENT_CUES: tuple[tuple[str, ...], ...] = (
@@ -165,11 +209,14 @@ _SIGNOFFS = {
 _NAMES = ("Anna", "Ben", "Carla", "Dmitri", "Elif", "Farah", "Gustavo", "Hiro", "Ines", "Jamal", "Kofi",
           "Lena", "Marta", "Nikhil", "Olga", "Pedro", "Quinn", "Rosa", "Sven", "Tariq")
 
-# Churn threats a model must not confuse with a real threat: the user mentions cancelling without threatening.
+# Churn threats a model must not confuse with a real threat: cancelling an order or a meeting, or saying
+# cancelling is not the plan.
 _CHURN_DECOYS = (
-    "I'm not planning to cancel, I just want this fixed.",
-    "We're happy to stay, just need help.",
-    "I renewed for another year yesterday.",
+    "I'm not planning to cancel, I just want this fixed.", "We're happy to stay, just need help.",
+    "I renewed for another year yesterday.", "I'm not going to cancel, I just need help.",
+    "We love the product and plan to stay.", "Please cancel the order, I'll buy a different size.",
+    "Can I cancel the meeting we booked with sales?", "We just renewed for two years.",
+    "No plans to leave, just reporting it.", "I want to cancel order {order}.", "cancel the duplicate invoice please.",
 )
 
 
@@ -202,45 +249,58 @@ def _fill(template: str, rng: random.Random) -> str:
 def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> dict:
     """One ticket: text plus its gold labels, drawn from `rng`."""
     department = rng.choice(departments)
-    urgency = rng.choices((0, 1, 2), weights=(0.35, 0.35, 0.30))[0]
     churn = rng.random() < 0.3
-    sentiment = rng.choices((0, 1, 2), weights=(0.45, 0.35, 0.20) if churn else (0.3, 0.45, 0.25))[0]
+    sentiment = rng.choices((0, 1, 2), weights=(0.5, 0.35, 0.15) if churn else (0.3, 0.45, 0.25))[0]
     register = rng.choice(("formal", "casual", "casual", "terse"))
-
-    problem = [_fill(rng.choice(_PROBLEMS[department]), rng)]
-    if rng.random() < 0.35:  # a second sentence about the same problem makes longer tickets
-        problem.append(_fill(rng.choice(_PROBLEMS[department]), rng))
-        if problem[1] == problem[0]:
-            problem.pop()
+    blocking = bool(_BLOCKING.get(department)) and rng.random() < 0.2
+    if blocking:
+        problem = [_fill(rng.choice(_BLOCKING[department]), rng)]
+        urgency = 2
+    else:
+        problem = [_fill(rng.choice(_PROBLEMS[department]), rng)]
+        if rng.random() < 0.3:  # a second sentence about the same problem makes longer tickets
+            extra = _fill(rng.choice(_PROBLEMS[department]), rng)
+            if extra != problem[0]:
+                problem.append(extra)
+        urgency = rng.choices((0, 1, 2), weights=(0.4, 0.33, 0.27))[0]
+        if churn and urgency == 0 and rng.random() < 0.9:
+            urgency = 1
     parts = list(problem)
+    stated: int | None = urgency
+    if not blocking and churn and urgency == 1 and rng.random() < 0.5:
+        stated = None   # the threat alone makes it "soon": nothing else is said about time
     # Not every ticket states its urgency: "not urgent" often goes unsaid, and readers infer it.
-    if urgency > 0 and rng.random() < 0.4:
-        request = rng.choice(_REQUESTS) + " " + rng.choice(_URGENCY_DEADLINES[urgency])
+    if stated and rng.random() < 0.45:
+        request = rng.choice(_REQUESTS + _DEPARTMENT_REQUESTS.get(department, ())) + " " + \
+            rng.choice(_URGENCY_DEADLINES[stated])
         parts.append(request + ("?" if request.startswith("Can") else "."))
-    elif urgency > 0 or rng.random() < 0.6:
-        parts.insert(rng.randrange(1, len(parts) + 1), rng.choice(_URGENCY_CUES[urgency]))
+    elif stated is not None and (stated > 0 or rng.random() < 0.6) and not (blocking and rng.random() < 0.5):
+        parts.insert(rng.randrange(1, len(parts) + 1), rng.choice(_URGENCY_CUES[stated]))
     if churn:
         cue = rng.choice(_CHURN_CUES)
-        if cue.startswith("or "):  # "... today or we will cancel": glue it to the previous sentence
-            parts[-1] = parts[-1].rstrip(".!") + " " + cue
+        if cue.startswith(("or ", "otherwise")):  # "... today or we cancel": glued to the previous sentence
+            parts[-1] = parts[-1].rstrip(".!") + rng.choice((", ", " ")) + cue
         else:
-            parts.append(cue)
-    elif rng.random() < 0.08:
-        parts.append(rng.choice(_CHURN_DECOYS))
+            parts.insert(rng.randrange(0, len(parts) + 1), cue)
+    elif rng.random() < 0.12:
+        parts.append(_fill(rng.choice(_CHURN_DECOYS), rng))
     cue = rng.choice(_SENTIMENT_CUES[sentiment])
     if cue:
         parts.insert(rng.randrange(0, len(parts) + 1), cue)
 
     greeting = rng.choice(_GREETINGS[register])
     signoff = rng.choice(_SIGNOFFS[register]).format(name=rng.choice(_NAMES))
+    if rng.random() < 0.3:   # many real tickets are one bare line
+        greeting = signoff = ""
     body = " ".join(parts)
     if register == "terse":
         body = body.replace("Please ", "pls ").replace("please ", "pls ")
     if register != "formal" and rng.random() < 0.3:
         body = body.lower()
+    elif rng.random() < 0.05:
+        body = body.upper()
     body = _typos(body, rng, rate=rng.choice((0.0, 0.0, 0.03, 0.08)))
-    text = "\n".join(p for p in (greeting, body, signoff) if p) if rng.random() < 0.5 else \
-        " ".join(p for p in (greeting, body, signoff) if p)
+    text = rng.choice(("\n", " ")).join(p for p in (greeting, body, signoff) if p)
     return {"text": text, "department": department, "urgency": urgency, "churn": churn,
             "sentiment": SENTIMENTS[sentiment], "register": register}
 
