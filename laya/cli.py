@@ -203,6 +203,11 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     f.add_argument("--threads", default=None, help="torch threads (default: torch's)")
     f.add_argument("--seed", default="0", help="seed of the corpus, the intent draws and the batches (default 0)")
+    f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
+                   help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
+                        "default)")
+    f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
+                                                  "replaces the shipped one; `make model` then assembles it)")
     f.set_defaults(func=_mini_finetune)
 
     e = sub.add_parser("eval", help="held-out-label intent accuracy vs the MiniLM cosine baseline (same run), "
@@ -255,13 +260,27 @@ def _int_flag(flag: str, value: str | None) -> int | None:
         raise ValueError(f"{flag}: expected an integer, got {value!r}") from None
 
 
+def _mix_flag(value: str | None) -> dict[str, float] | None:
+    if value is None:
+        return None
+    mix = {}
+    for part in value.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            mix[name.strip()] = float(weight)
+        except ValueError:
+            raise ValueError(f"--mix: expected SOURCE=WEIGHT,..., got {value!r}") from None
+    return mix
+
+
 def _mini_finetune(args: argparse.Namespace) -> int:
-    from laya.training.finetune import FinetuneConfig, finetune
+    from laya.training.finetune import MIX, FinetuneConfig, finetune
 
     try:
         cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
-                             threads=_int_flag("--threads", args.threads))
+                             threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
+                             mix=_mix_flag(args.mix) or dict(MIX))
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

@@ -67,6 +67,7 @@ class FinetuneConfig:
     intents_calib: int = 300
     seed: int = 0
     threads: int | None = None
+    head_dir: str = ""               # also write the committed head here (laya/training/mini_head to ship it)
 
     def validate(self) -> None:
         if not self.init:
@@ -299,4 +300,48 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
                "calib": {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
                          "n": ev["all"]["after"]["n"]}}
     (out / "finetune_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.head_dir:
+        publish(cfg, out, corpus, fit, ev, summary)
     return summary
+
+
+def changed_layer_prefixes(staged: Path) -> list[str]:
+    """The encoder layers whose (F16) weights differ from the installed encoder's: the init head's trained
+    layers plus any this run trained, which is what the committed head must carry."""
+    import torch
+    from safetensors.torch import load_file
+
+    from laya.config import LayaConfig
+    from laya.modeling_laya import LayaModel
+    from laya.paths import minilm_dir
+    from laya.training.trainer import encoder_layer_prefixes
+
+    config = LayaConfig.from_dict(json.loads((staged / "rl_agent_config.json").read_text()))
+    model = LayaModel.from_pretrained_encoder(str(minilm_dir()), config)
+    base = model.state_dict()
+    weights = load_file(str(staged / "model.safetensors"))
+    return [prefix for prefix in encoder_layer_prefixes(model, None)
+            if any(not torch.equal(v, base[k].to(v.dtype)) for k, v in weights.items() if k.startswith(prefix))]
+
+
+def publish(cfg: FinetuneConfig, out: Path, corpus: dict[str, list[dict]], fit, calib_eval: dict,
+            summary: dict) -> None:
+    """Write the committed head from the fine-tuned checkpoint: shards, manifest (config with the fitted
+    temperatures, the probe answer `make model` re-checks, this recipe) and metrics on the build's test split,
+    as `build_from_scratch` does for its head."""
+    import laya
+    from laya.training import calibrate as cal
+    from laya.training.examples import items_from_example
+    from laya.training.mini import probe, scenario, write_head
+
+    head_dir = Path(cfg.head_dir)
+    test_items = [it for i, ex in enumerate(corpus["test"]) for it in items_from_example(ex, f"test:{i}")]
+    test_eval = cal.evaluate(cal.records(laya.load(str(out)), test_items), fit)
+    state, questions = scenario()
+    write_head(out, head_dir, json.loads((out / "rl_agent_config.json").read_text()),
+               {"state": state, "questions": questions, "answers": probe(out, state, questions)["answers"]},
+               changed_layer_prefixes(out),
+               {"how": "pagoda laya-mini finetune", "recipe": {**asdict(cfg), "head_dir": str(head_dir)},
+                "summary": summary})
+    (head_dir / "metrics.json").write_text(json.dumps({"times_s": summary["times_s"], "calib": calib_eval,
+                                                       "test": test_eval}, indent=2) + "\n")

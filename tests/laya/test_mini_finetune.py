@@ -84,3 +84,23 @@ def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and flag in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_head_dir_publishes_a_head_that_assembles_to_the_fine_tuned_answers(data, tmp_path):  # noqa: F811
+    """`--head-dir`: the shards + manifest `make model` assembles, carrying the layers the init head had trained
+    plus what this run trained, and reproducing the fine-tuned checkpoint's probe answer."""
+    from laya.training import mini
+
+    out, head = tmp_path / "ft", tmp_path / "head"
+    cfg = FinetuneConfig(init=str(mini.ensure()), out=str(out), data=str(data), steps=1, batch_size=4,
+                         window_batches=1, mix={"tickets": 1.0}, corpus=TINY_CORPUS, intents_calib=0, threads=1,
+                         head_dir=str(head))
+    finetune(cfg, progress=False)
+    manifest = json.loads((head / "manifest.json").read_text())
+    shipped = json.loads((mini.HEAD_DIR / "manifest.json").read_text())
+    assert manifest["trained_encoder_prefixes"] == shipped["trained_encoder_prefixes"]   # top 3 of those 5 trained
+    assert manifest["build"]["recipe"]["steps"] == 1 and json.loads((head / "metrics.json").read_text())["test"]
+    assembled = mini.assemble(tmp_path / "assembled", head)          # verifies the probe within 0.002
+    state, questions = scenario()
+    want = laya.load(str(out)).predict(state, questions)["answers"]
+    assert laya.load(str(assembled)).predict(state, questions)["answers"] == want
