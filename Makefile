@@ -93,15 +93,21 @@ $(REFVENV)/bin/python:
 	$(REFVENV)/bin/pip install -q torch==2.13.0
 	$(REFVENV)/bin/pip install -q laya==0.4.15
 
-# A distilled edge student (docs/distill.md): laya-mini labels our synthetic ticket corpus, a 3-layer
-# MiniLM student learns department/urgency/churn, exported to ONNX (int8) with a report. Rerunning
-# resumes; STUDENT_TICKETS sizes the corpus (a different size needs a fresh output folder).
+# A distilled edge student (docs/distill.md): laya-mini labels a support corpus (generated tickets, 15% of
+# them also cut to their first sentence, and STUDENT_UTTERANCES real CLINC150/Snips utterances read from
+# SHARED_DATA; STUDENT_UTTERANCES=0 where that folder is absent), a 3-layer MiniLM student learns
+# department/urgency/churn, exported to ONNX (int8) with a report that also measures agreement with the
+# teacher on the hand-written tickets. Rerunning resumes; a different corpus needs a fresh output folder.
 STUDENT_TICKETS ?= 2000
+STUDENT_UTTERANCES ?= 1000
+SHARED_DATA ?= ../shared/data
 STUDENT_DIR := models/students/support-triage
 student: install model
-	$(PY) -m distill.corpus --tickets $(STUDENT_TICKETS) --out models/students/support-triage-tickets.jsonl
+	$(PY) -m distill.corpus --tickets $(STUDENT_TICKETS) --utterances $(STUDENT_UTTERANCES) --truncated 0.15 \
+	  --data $(SHARED_DATA) --out models/students/support-triage-corpus.jsonl
 	$(PAGODA) distill --teacher default --task distill/tasks/support-triage.yaml \
-	  --data models/students/support-triage-tickets.jsonl --out $(STUDENT_DIR)
+	  --data models/students/support-triage-corpus.jsonl --out $(STUDENT_DIR) \
+	  --eval-data handwritten=datasets/handwritten_tickets.jsonl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

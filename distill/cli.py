@@ -26,6 +26,9 @@ def register(commands: Any, bench: Any) -> None:
     p.add_argument("--restart-from", default=None, choices=("label", "train", "calibrate", "export", "report"),
                    help="discard this stage's output and everything after it, then run")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs)")
+    p.add_argument("--eval-data", action="append", default=[], metavar="NAME=PATH",
+                   help="also report agreement with the teacher on this file (the task's text field; never "
+                        "trained on), e.g. handwritten=datasets/handwritten_tickets.jsonl; repeatable")
     p.set_defaults(func=_distill)
 
     b = bench.add_parser("distill", help="per-state latency of a student (int8, fp32, linear baseline) vs its teacher")
@@ -43,8 +46,14 @@ def _distill(args: argparse.Namespace) -> int:
     from distill.pipeline import distill
 
     try:
+        eval_data = {}
+        for item in args.eval_data:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--eval-data: expected NAME=PATH, got {item!r}")
+            eval_data[name] = Path(path)
         out = distill(args.task, args.teacher, args.data, args.out, shard=args.shard, restart_from=args.restart_from,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, eval_data=eval_data)
     except (ValueError, FileNotFoundError) as exc:  # a bad task, data file, teacher or mismatched labels
         print(f"pagoda distill: error: {exc}", file=sys.stderr)
         return 2

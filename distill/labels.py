@@ -175,6 +175,9 @@ def gold_indices(ds, task: Task) -> dict[str, np.ndarray]:
         q = task.parsed[name]
         idx = []
         for v in ds[col]:
+            if v is None:   # a row without gold (e.g. a real utterance in the corpus): not scored against gold
+                idx.append(-1)
+                continue
             if q.type == "noul":
                 v = "true" if v in (True, 1, "true", "True", "yes") else "false"
             elif q.type == "score":

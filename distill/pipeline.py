@@ -72,8 +72,14 @@ def resolve_teacher(teacher: str) -> Path:
 class Run:
     """One distillation run: the task, its data, the output folder and the teacher (loaded on first use)."""
 
-    def __init__(self, task: Task, teacher: str, data: str | Path, out: str | Path, progress: bool = True):
+    def __init__(self, task: Task, teacher: str, data: str | Path, out: str | Path, progress: bool = True,
+                 eval_data: dict[str, Path] | None = None):
         self.task, self.data, self.progress = task, Path(data), progress
+        # Other text the report measures agreement on (e.g. hand-written tickets): never labelled for training.
+        self.eval_data = {name: Path(path) for name, path in (eval_data or {}).items()}
+        for name, path in self.eval_data.items():
+            if not path.is_file():
+                raise FileNotFoundError(f"eval_data: {name}={path} does not exist")
         self.layout = Layout(Path(out))
         self.teacher_dir = resolve_teacher(teacher)
         self._agent = None
@@ -292,8 +298,9 @@ class Run:
 
 
 def distill(task: str | Path, teacher: str, data: str | Path, out: str | Path, *, shard: str | None = None,
-            restart_from: str | None = None, progress: bool = True) -> Path | None:
-    run = Run(load_task(task), teacher, data, out, progress)
+            restart_from: str | None = None, progress: bool = True,
+            eval_data: dict[str, Path] | None = None) -> Path | None:
+    run = Run(load_task(task), teacher, data, out, progress, eval_data)
     if restart_from:
         run.restart(restart_from)
     return run.run(L.parse_shard(shard))

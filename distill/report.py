@@ -148,6 +148,7 @@ def write_report(run, d: dict) -> dict:
                 tq[q].update(vs_gold(teacher[q], gold[q]))
         report["teacher"] = {"questions": tq, "latency": tlat, "size_mb": dir_size_mb(run.teacher_dir),
                              "path": str(run.teacher_dir)}
+    report["other_data"] = {name: other_data(run, path, variants) for name, path in run.eval_data.items()}
     lat_all = {**{k: v["latency"] for k, v in report["students"].items()}, "teacher": tlat}
     pngs = plots(out, probs, teacher, lat_all)
     report["targets"] = targets(report)
@@ -155,6 +156,23 @@ def write_report(run, d: dict) -> dict:
     (out / "report.md").write_text(render(task, report, pngs, run))
     print((out / "report.md").read_text())
     return report
+
+
+def other_data(run, path: Path, variants: dict[str, tuple[Path, str | None]]) -> dict[str, Any]:
+    """Agreement with the teacher on text outside the corpus (e.g. hand-written tickets), where a student
+    trained on one generator's text shows whether it learnt the teacher or the generator."""
+    from distill.labels import load_corpus
+    from laya.answers import probabilities_from_answer
+    from laya.rows import state_text
+
+    task = run.task
+    texts = [state_text(x) for x in load_corpus(path, task)[task.text_field]]
+    answers = run.agent.predict_batch(texts, task.questions, batch_size=task.labels.batch_size, **task.budgets)
+    teacher = {q: np.array([probabilities_from_answer(parsed, a["answers"][q]) for a in answers], dtype=np.float64)
+               for q, parsed in task.parsed.items()}
+    return {"path": str(path), "rows": len(texts),
+            "students": {name: quality(student_probs(p, precision, texts)[0], teacher, {})
+                         for name, (p, precision) in variants.items()}}
 
 
 def targets(report: dict) -> dict[str, dict]:
@@ -216,6 +234,16 @@ def render(task, report: dict, pngs: list[str], run) -> str:
         lines.append("| {} | {:.1f} | {} | {:.2f} | {:.1f}× |".format(
             name, r["size_mb"], " | ".join(cells), r["latency"]["1 thread"]["b1_cpu_p50"],
             t1 / r["latency"]["1 thread"]["b1_p50"]))
+    for name, other in report.get("other_data", {}).items():
+        lines += ["", f"## Agreement on {name} ({other['rows']} rows of `{other['path']}`, not in the corpus)", "",
+                  "| model | question | agreement | agreement, decisive rows (share) | mean KL | ECE vs teacher |",
+                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for model, r in other["students"].items():
+            for q in qs:
+                m = r[q]
+                lines.append("| {} | {} | {} | {} ({}) | {} | {} |".format(
+                    model, q, _fmt(m["agreement"]), _fmt(m["decisive_agreement"]), _fmt(m["decisive_share"], ".2f"),
+                    _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"])))
     if report["targets"]:
         lines += ["", "## Targets (encoder int8)", "", "| target | value | goal | met |", "| --- | ---: | ---: | --- |"]
         for k, t in report["targets"].items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,3 +146,40 @@ def build_base_checkpoint(path: str | os.PathLike, seed: int = 0) -> str:
     """A random checkpoint of ModernBERT-base size (149M encoder parameters, 2 head layers) for benchmarks."""
     return build_checkpoint(path, arch="modernbert", seed=seed, hidden=768, layers=22, head_layers=2,
                             local_attention=128, tokenizer_dir=str(minilm_dir()), encoder_overrides=MODERNBERT_BASE)
+
+
+# Two held-out CLINC domains (as in the real split) and two trained ones.
+TINY_CLINC_DOMAINS = {
+    "utility": ["weather", "timer", "alarm", "date", "calculator"],
+    "travel": ["book_hotel", "book_flight", "flight_status", "exchange_rate", "travel_alert"],
+    "banking": ["transfer", "balance", "freeze_account", "bill_due", "pay_bill"],
+    "kitchen_and_dining": ["recipe", "calories", "restaurant_reviews", "meal_suggestion", "cook_time"],
+}
+
+
+def write_intent_data(root: os.PathLike | str, domains: dict[str, list[str]] | None = None) -> Path:
+    """A shared-data folder in CLINC150's and Snips' file formats with a few utterances per intent (whose words
+    make text and label overlap), for tests that must not depend on ../shared/data being there."""
+    import json
+
+    from laya.corpus import intents
+
+    root = Path(root)
+    domains = domains or TINY_CLINC_DOMAINS
+
+    def utter(y: str, i: int) -> str:
+        return f"please {intents.humanise(y)} for me number {i}"
+
+    full = {split: [[utter(y, i), y] for ys in domains.values() for y in ys for i in range(n)]
+            for split, n in (("train", 6), ("val", 2), ("test", 4))}
+    full |= {f"oos_{s}": [[f"tell me a joke {i}", "oos"] for i in range(3)] for s in ("train", "val", "test")}
+    (root / "clinc150").mkdir(parents=True, exist_ok=True)
+    (root / "clinc150" / "data_full.json").write_text(json.dumps(full))
+    (root / "clinc150" / "domains.json").write_text(json.dumps(domains))
+    (root / "snips").mkdir(exist_ok=True)
+    for split, n in (("train", 8), ("validate", 4)):
+        for y in intents.SNIPS_INTENTS:
+            rows = [{"data": [{"text": "could you "}, {"text": intents.humanise(y), "entity": "x"},
+                              {"text": f" now {i}"}]} for i in range(n)]
+            (root / "snips" / f"{split}_{y}.json").write_text(json.dumps({y: rows}), encoding="latin-1")
+    return root

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from distill_support import N_TICKETS, TASK, pagoda
+from distill_support import HANDWRITTEN, N_TICKETS, TASK, pagoda
 
 
 @pytest.fixture(scope="session")
 def distill_inputs(tmp_path_factory, laya_checkpoint):
-    from distill.corpus import write_tickets
+    from distill.corpus import write_corpus
 
     d = tmp_path_factory.mktemp("distill-inputs")
     task = d / "task.yaml"
     task.write_text(yaml.safe_dump(TASK, sort_keys=False))
-    data = write_tickets(d / "tickets.jsonl", N_TICKETS, seed=5)
+    data = write_corpus(d / "tickets.jsonl", N_TICKETS, seed=5)
     return {"teacher": laya_checkpoint(), "task": task, "data": data}
 
 
@@ -27,6 +27,6 @@ def student_dir(tmp_path_factory, distill_inputs):
     out = tmp_path_factory.mktemp("student") / "tiny-triage"
     i = distill_inputs
     proc = pagoda("distill", "--teacher", str(i["teacher"]), "--task", str(i["task"]), "--data", str(i["data"]),
-                  "--out", str(out), "--no-progress")
+                  "--out", str(out), "--no-progress", "--eval-data", f"handwritten={HANDWRITTEN}")
     assert "student ready" in proc.stdout
     return out

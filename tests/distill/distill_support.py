@@ -27,6 +27,7 @@ TASK = {
     "report": {"singles": 5, "teacher_singles": 2, "batches": 1, "batch_size": 4},
 }
 N_TICKETS = 120
+HANDWRITTEN = ROOT / "datasets" / "handwritten_tickets.jsonl"   # `--eval-data`: text outside the corpus
 
 
 @contextlib.contextmanager

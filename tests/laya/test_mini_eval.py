@@ -9,39 +9,17 @@ import numpy as np
 import pytest
 
 from laya.corpus import intents
+from laya.testing import TINY_CLINC_DOMAINS, write_intent_data
 from laya.training import mini_eval
 from laya.training.examples import items_from_example
 from laya.training.similarity import Cosine
 
-CLINC_DOMAINS = {  # two held-out domains (as in the real split) and two trained ones
-    "utility": ["weather", "timer", "alarm", "date", "calculator"],
-    "travel": ["book_hotel", "book_flight", "flight_status", "exchange_rate", "travel_alert"],
-    "banking": ["transfer", "balance", "freeze_account", "bill_due", "pay_bill"],
-    "kitchen_and_dining": ["recipe", "calories", "restaurant_reviews", "meal_suggestion", "cook_time"],
-}
+CLINC_DOMAINS = TINY_CLINC_DOMAINS
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """A few utterances per intent in the real files' formats (the words make text and label overlap)."""
-    root = tmp_path_factory.mktemp("shared")
-
-    def utter(y, i):
-        return f"please {intents.humanise(y)} for me number {i}"
-
-    full = {split: [[utter(y, i), y] for ys in CLINC_DOMAINS.values() for y in ys for i in range(n)]
-            for split, n in (("train", 6), ("val", 2), ("test", 4))}
-    full |= {f"oos_{s}": [[f"tell me a joke {i}", "oos"] for i in range(3)] for s in ("train", "val", "test")}
-    (root / "clinc150").mkdir()
-    (root / "clinc150" / "data_full.json").write_text(json.dumps(full))
-    (root / "clinc150" / "domains.json").write_text(json.dumps(CLINC_DOMAINS))
-    (root / "snips").mkdir()
-    for split, n in (("train", 8), ("validate", 4)):
-        for y in intents.SNIPS_INTENTS:
-            rows = [{"data": [{"text": "could you "}, {"text": intents.humanise(y), "entity": "x"},
-                              {"text": f" now {i}"}]} for i in range(n)]
-            (root / "snips" / f"{split}_{y}.json").write_text(json.dumps({y: rows}), encoding="latin-1")
-    return root
+    return write_intent_data(tmp_path_factory.mktemp("shared"))
 
 
 def test_humanise():

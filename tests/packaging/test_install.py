@@ -69,11 +69,11 @@ def wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory) -> Path:
-    from distill.corpus import write_tickets
+    from distill.corpus import write_corpus
 
     d = tmp_path_factory.mktemp("edge-student")
     (d / "task.yaml").write_text(yaml.safe_dump(TASK, sort_keys=False))
-    data = write_tickets(d / "tickets.jsonl", 60, seed=11)
+    data = write_corpus(d / "tickets.jsonl", 60, seed=11)
     out = d / "edge-triage"
     run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(FIXTURE), "--task", str(d / "task.yaml"),
          "--data", str(data), "--out", str(out), "--no-progress"], cwd=ROOT)

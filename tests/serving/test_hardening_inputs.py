@@ -381,10 +381,10 @@ STUDENT_TASK = {**SMALL_STUDENT_TASK, "name": "hardening-triage"}
 def test_student_lists_only_presets_it_answers_and_refuses_deep_states(tmp_path):
     """Distils a linear student first (~2 minutes on 2 shared cores), then serves it with a presets file of
     one preset it was distilled for and the shipped ones it was not."""
-    from distill.corpus import write_tickets
+    from distill.corpus import write_corpus
 
     (tmp_path / "task.yaml").write_text(yaml.safe_dump(STUDENT_TASK, sort_keys=False))
-    data = write_tickets(tmp_path / "tickets.jsonl", 80, seed=3)
+    data = write_corpus(tmp_path / "tickets.jsonl", 80, seed=3)
     out = tmp_path / "hardening-triage"
     subprocess.run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(TINY_BERT), "--task",
                     str(tmp_path / "task.yaml"), "--data", str(data), "--out", str(out), "--no-progress"],

@@ -18,11 +18,11 @@ TASK = {**SMALL_STUDENT_TASK, "name": "serve-triage"}
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
-    from distill.corpus import write_tickets
+    from distill.corpus import write_corpus
 
     d = tmp_path_factory.mktemp("student")
     (d / "task.yaml").write_text(yaml.safe_dump(TASK, sort_keys=False))
-    data = write_tickets(d / "tickets.jsonl", 80, seed=3)
+    data = write_corpus(d / "tickets.jsonl", 80, seed=3)
     out = d / "serve-triage"
     subprocess.run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(TINY_BERT), "--task",
                     str(d / "task.yaml"), "--data", str(data), "--out", str(out), "--no-progress"],
