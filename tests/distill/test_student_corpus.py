@@ -1,0 +1,66 @@
+"""`python -m distill.corpus`: generated tickets with their gold, plus real utterances and tickets cut to their
+first sentence (no gold), seeded; rows without gold are scored against the teacher only."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from distill_support import ROOT, TASK
+
+from datasets import Dataset
+from distill import labels as L
+from distill.corpus import first_sentence, write_corpus
+from distill.task import parse_task
+from laya.corpus import intents, tickets
+from laya.testing import write_intent_data
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return write_intent_data(tmp_path_factory.mktemp("shared"))
+
+
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_corpus_mixes_gold_tickets_cut_tickets_and_utterances(shared, tmp_path):
+    rows = read(write_corpus(tmp_path / "c.jsonl", 40, seed=3, n_utterances=50, truncated=0.5, data=shared))
+    gen = tickets.generate(40, seed=3)
+    by_source = {s: [r for r in rows if r["source"] == s] for s in ("tickets", "tickets-cut", "utterances")}
+    assert sorted(r["text"] for r in by_source["tickets"]) == sorted(t["text"] for t in gen)
+    gold = {t["text"]: (t["department"], t["urgency"], t["churn"]) for t in gen}
+    assert all(gold[r["text"]] == (r["department"], r["urgency"], r["churn"]) for r in by_source["tickets"])
+    assert 5 <= len(by_source["tickets-cut"]) <= 30
+    for r in by_source["tickets-cut"]:
+        assert any(r["text"] in t["text"] and len(r["text"]) < len(t["text"]) for t in gen), r["text"]
+    pool = {t for t, _ in intents.clinc(shared, "train") + intents.clinc(shared, "oos_train")}
+    pool |= {t for texts in intents.snips(shared, "train").values() for t in texts}
+    assert len(by_source["utterances"]) == 50 and {r["text"] for r in by_source["utterances"]} <= pool
+    assert all(r[k] is None for r in by_source["tickets-cut"] + by_source["utterances"]
+               for k in ("department", "urgency", "churn"))
+    again = read(write_corpus(tmp_path / "d.jsonl", 40, seed=3, n_utterances=50, truncated=0.5, data=shared))
+    assert again == rows
+
+
+def test_first_sentence_cuts_after_the_greeting_or_not_at_all():
+    assert first_sentence("Hi,\nMy order is late. Please check. Thanks\n- Ana") == "My order is late."
+    assert first_sentence("order late! pls check") == "order late!"
+    assert first_sentence("one sentence only.") is None
+
+
+def test_rows_without_gold_are_not_scored_against_gold():
+    task = parse_task(TASK)
+    ds = Dataset.from_list([{"department": "billing", "urgency": 2, "churn": True},
+                            {"department": None, "urgency": None, "churn": None}])
+    gold = L.gold_indices(ds, task)
+    assert gold["department"].tolist() == [0, -1] and gold["urgency"].tolist() == [2, -1]
+    assert gold["churn"].tolist() == [task.parsed["churn"].keys.index("true"), -1]
+
+
+def test_too_many_utterances_is_one_line_naming_the_flag(shared, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "distill.corpus", "--tickets", "5", "--utterances", "100000",
+                          "--data", str(shared), "--out", str(tmp_path / "x.jsonl")], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 2 and "error: --utterances: 100000 asked" in out.stderr and "Traceback" not in out.stderr
