@@ -13,11 +13,8 @@ from laya.training.mini_eval import ACCEPTANCE
 
 # Measured on the shipped default (the issue-15 fine-tuned head), `pagoda laya-mini eval`, docs/laya-mini.md.
 NOT_MET = {
-    0: "shipped default answers billing but churn_risk 0.054 and urgency 0.01 (wants churn > 0.7, urgency >= 1.0)",
-    1: "shipped default answers billing but churn_risk 0.144 and urgency 0.03 (wants churn > 0.7, urgency >= 1.0)",
-    2: "shipped default answers urgency 0.11 (wants >= 1.5)",
+    0: "shipped default answers billing and churn_risk 0.978 but urgency 0.94 (wants >= 1.0)",
 }
-
 
 @pytest.fixture(scope="module")
 def agent():
