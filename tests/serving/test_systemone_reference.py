@@ -2,8 +2,8 @@
 both serving the same checkpoint: every answer field, `x_jev_confidence` included (choice and score, 2 to 12
 options, a permuted option order), and the batch route's results and total usage.
 
-The official server lives in `.refvenv` (`make fixtures` builds it; `make test` does not), so this file
-skips when it is absent. It runs from /tmp: the official package is also imported as `laya`.
+The official server lives in `.refvenv` (`make test` and `make fixtures` build it), so a bare `pytest` without it
+skips this file. It runs from /tmp: the official package is also imported as `laya`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from serving_support import BILLING_STATE, REPO, TINY_BERT, free_port
 
 LAYA_SERVE = REPO / ".refvenv/bin/laya-serve"
 pytestmark = pytest.mark.skipif(not LAYA_SERVE.exists(), reason=".refvenv (the official laya-serve) is not built: "
-                                                                "`make fixtures` builds it, `make test` does not")
+                                                                "`make test` builds it")
 
 TWELVE = ["red", "green", "blue", "yellow", "cat", "dog", "bird", "fish", "one", "two", "three", "four"]
 QUESTIONS = {
