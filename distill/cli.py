@@ -43,6 +43,7 @@ def register(commands: Any, bench: Any) -> None:
 
 
 def _distill(args: argparse.Namespace) -> int:
+    from distill.export import ExportCheckError
     from distill.pipeline import distill
 
     try:
@@ -57,6 +58,10 @@ def _distill(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:  # a bad task, data file, teacher or mismatched labels
         print(f"pagoda distill: error: {exc}", file=sys.stderr)
         return 2
+    except ExportCheckError as exc:  # an export past its tolerance: the stages before it are kept
+        print(f"pagoda distill: error: {exc}; earlier stages are kept, rerun with --restart-from to retry",
+              file=sys.stderr)
+        return 1
     return 0 if out is not None or args.shard else 1
 
 

@@ -35,6 +35,10 @@ def export_fp32(model: EncoderStudent, path: Path) -> None:
     os.replace(tmp, path)
 
 
+class ExportCheckError(RuntimeError):
+    """An exported model differs from its source past the task's tolerance: the export is not written."""
+
+
 def quantize_int8(src: Path, dst: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -71,7 +75,7 @@ def check(model: EncoderStudent, fp32: Path, int8: Path, rows: list[list[int]], 
     print(f"export check: max |onnx fp32 - torch| logits = {fp32_diff:.2e} (tolerance {tolerance:.0e}); "
           f"max |int8 - fp32| probability = {worst:.4f} (tolerance {int8_tolerance:.2f})")
     if not fp32_diff <= tolerance:
-        raise RuntimeError(f"export check failed: ONNX fp32 differs from torch by {fp32_diff:.3e} > export.tolerance {tolerance:.1e}")
+        raise ExportCheckError(f"export check failed: ONNX fp32 differs from torch by {fp32_diff:.3e} > export.tolerance {tolerance:.1e}")
     if not worst <= int8_tolerance:
-        raise RuntimeError(f"export check failed: int8 probabilities differ from fp32 by {worst:.4f} > export.int8_tolerance {int8_tolerance:.3f}")
+        raise ExportCheckError(f"export check failed: int8 probabilities differ from fp32 by {worst:.4f} > export.int8_tolerance {int8_tolerance:.3f}")
     return {"fp32_vs_torch_max_abs_logit": fp32_diff, "int8_vs_fp32_max_abs_prob": worst}

@@ -253,6 +253,7 @@ class Run:
     def _check_linear(self, path: Path, vec, w, b, texts: list[str]) -> dict[str, float]:
         import onnxruntime as ort
 
+        from distill.export import ExportCheckError
         from distill.inputs import normalise_words
         from distill.linear import sklearn_logits
 
@@ -262,7 +263,7 @@ class Run:
         tol = self.task.export.tolerance
         print(f"export check (linear): max |onnx - scikit-learn| logits = {diff:.2e} (tolerance {tol:.0e})")
         if not diff <= tol:
-            raise RuntimeError(f"export check failed: linear ONNX differs from scikit-learn by {diff:.3e} > {tol:.1e}")
+            raise ExportCheckError(f"export check failed: linear ONNX differs from scikit-learn by {diff:.3e} > {tol:.1e}")
         return {"onnx_vs_sklearn_max_abs_logit": diff}
 
     def _write_student_json(self, folder: Path, kind: str, heads: list[dict], models: dict, default: str,

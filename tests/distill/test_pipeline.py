@@ -142,10 +142,10 @@ def test_export_check_fails_past_its_tolerance(student_dir):
     model = modeling_student.load(student_dir / "work" / "student.pt")
     meta = json.loads((student_dir / "student.json").read_text())
     rows = minilm_ids(["I was billed twice", "the app crashes on start"], 64)
-    with pytest.raises(RuntimeError, match="export.tolerance"):
+    with pytest.raises(export.ExportCheckError, match="export.tolerance"):
         export.check(model, student_dir / "model.onnx", student_dir / "model.int8.onnx", rows, meta["heads"],
                      tolerance=1e-12, int8_tolerance=1.0)
-    with pytest.raises(RuntimeError, match="int8_tolerance"):
+    with pytest.raises(export.ExportCheckError, match="int8_tolerance"):
         export.check(model, student_dir / "model.onnx", student_dir / "model.int8.onnx", rows, meta["heads"],
                      tolerance=1.0, int8_tolerance=1e-12)
 
@@ -186,6 +186,17 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
         want = float(np.mean([top(s["answers"][q]) == top(t["answers"][q]) for s, t in zip(student, teacher)]))
         assert other["students"]["encoder int8"][q]["agreement"] == pytest.approx(want, abs=1e-9), q
     assert "## Agreement on handwritten (74 rows" in (student_dir / "report.md").read_text()
+
+
+def test_an_export_past_its_tolerance_is_one_line_and_keeps_the_earlier_stages(distill_inputs, tmp_path):
+    task = tmp_path / "strict.yaml"
+    task.write_text(yaml.safe_dump(dict(TASK, export=dict(TASK["export"], int8_tolerance=1e-9)), sort_keys=False))
+    out = tmp_path / "strict"
+    proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(task), "--data",
+                  str(distill_inputs["data"]), "--out", str(out), "--no-progress", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: export check failed: int8 probabilities differ from fp32" in proc.stderr
+    assert (out / "work" / "student.pt").is_file() and not (out / "student.json").exists()
 
 
 def test_missing_eval_data_is_one_line_naming_it(distill_inputs, tmp_path):
