@@ -104,7 +104,7 @@ llamavenv: .llamavenv/bin/python
 $(REFVENV)/bin/python:
 	$(PYTHON) -m venv $(REFVENV)
 	$(REFVENV)/bin/pip install -q torch==2.13.0
-	$(REFVENV)/bin/pip install -q laya==0.4.15
+	$(REFVENV)/bin/pip install -q 'laya[serve]==0.4.15'
 
 # A distilled edge student (docs/distill.md): laya-mini labels a support corpus of STUDENT_TICKETS generated
 # tickets (plus STUDENT_UTTERANCES real CLINC150/Snips utterances read from SHARED_DATA and a share
