@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_mini_eval import data  # noqa: F401  (the tiny CLINC150/Snips folder fixture)
+from test_mini_eval import _FixedCosine, data  # noqa: F401  (the teacher stand-in; the tiny CLINC150/Snips folder fixture)
 
 import laya
 from laya.scenarios import load as scenario
@@ -42,30 +42,18 @@ def test_finetune_writes_a_calibrated_checkpoint_that_answers_differently(laya_t
     assert (out / "calib.jsonl").stat().st_size > 0
 
 
-class _Teacher:
-    """Known similarities (no encoder): option text 'transfer' 1.0, others 0."""
-
-    def embed(self, texts, progress=False):
-        return None
-
-    def distribution(self, text, options, tau):
-        z = np.array([1.0 if o == "transfer" else 0.0 for o in options]) / tau
-        p = np.exp(z - z.max())
-        return p / p.sum()
-
-
 def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     ex = {"state": "send money to my brother", "labels": {"intent": "Transfer"},
           "questions": {"intent": {"type": "choice", "instructions": "intent", "criteria": ["Transfer", "Balance",
                                                                                           "other"]}}}
     item = items_from_example(ex, "t")[0]
     teacher = {"Transfer": "transfer", "Balance": "balance", "other": None}   # the catch-all has no text
-    p = _Teacher().distribution("", ["transfer", "balance"], 0.5)
+    p = _FixedCosine().distribution("", ["transfer", "balance"], 0.5)
     at_teacher = torch.tensor([[*np.log(p), 5.0]], dtype=torch.float32)       # the catch-all's logit is ignored
-    assert float(teacher_kl(at_teacher, [item], [teacher], _Teacher(), 0.5)) == pytest.approx(0.0, abs=1e-6)
+    assert float(teacher_kl(at_teacher, [item], [teacher], _FixedCosine(), 0.5)) == pytest.approx(0.0, abs=1e-6)
     flat = torch.zeros(1, 3)
-    assert float(teacher_kl(flat, [item], [teacher], _Teacher(), 0.5)) > 0.1
-    assert teacher_kl(flat, [item], [None], _Teacher(), 0.5) is None          # no teacher: no term
+    assert float(teacher_kl(flat, [item], [teacher], _FixedCosine(), 0.5)) > 0.1
+    assert teacher_kl(flat, [item], [None], _FixedCosine(), 0.5) is None          # no teacher: no term
 
 
 @pytest.mark.parametrize("argv, flag", [
