@@ -123,7 +123,7 @@ student: install model
 	  --data $(SHARED_DATA) --out models/students/support-triage-corpus.jsonl
 	$(PAGODA) distill --teacher default --task distill/tasks/support-triage.yaml \
 	  --data models/students/support-triage-corpus.jsonl --out $(STUDENT_DIR) \
-	  --eval-data handwritten=datasets/handwritten_tickets.jsonl
+	  --eval-data handwritten=datasets/handwritten_tickets.jsonl --eval-gold department=department5
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -29,6 +29,9 @@ def register(commands: Any, bench: Any) -> None:
     p.add_argument("--eval-data", action="append", default=[], metavar="NAME=PATH",
                    help="also report agreement with the teacher on this file (the task's text field; never "
                         "trained on), e.g. handwritten=datasets/handwritten_tickets.jsonl; repeatable")
+    p.add_argument("--eval-gold", action="append", default=[], metavar="QUESTION=COLUMN",
+                   help="the --eval-data files' gold column for QUESTION where it is not the task's `gold` "
+                        "column, e.g. department=department5; repeatable")
     p.set_defaults(func=_distill)
 
     b = bench.add_parser("distill", help="per-state latency of a student (int8, fp32, linear baseline) vs its teacher")
@@ -53,8 +56,14 @@ def _distill(args: argparse.Namespace) -> int:
             if not sep or not name or not path:
                 raise ValueError(f"--eval-data: expected NAME=PATH, got {item!r}")
             eval_data[name] = Path(path)
+        eval_gold = {}
+        for item in args.eval_gold:
+            question, sep, column = item.partition("=")
+            if not sep or not question or not column:
+                raise ValueError(f"--eval-gold: expected QUESTION=COLUMN, got {item!r}")
+            eval_gold[question] = column
         out = distill(args.task, args.teacher, args.data, args.out, shard=args.shard, restart_from=args.restart_from,
-                      progress=not args.no_progress, eval_data=eval_data)
+                      progress=not args.no_progress, eval_data=eval_data, eval_gold=eval_gold)
     except (ValueError, FileNotFoundError) as exc:  # a bad task, data file, teacher or mismatched labels
         print(f"pagoda distill: error: {exc}", file=sys.stderr)
         return 2

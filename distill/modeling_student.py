@@ -90,7 +90,10 @@ class EncoderStudent(nn.Module):
         bias = ((1.0 - mask) * torch.finfo(x.dtype).min)[:, None, None, :]
         for layer in self.layers:
             x = layer(x, bias)
-        pooled = (x * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+        # Mean pooling as a batched matmul, not a sum over the token axis: onnxruntime's ReduceSum over a
+        # middle axis adds in another order when the batch holds more than one state (measured), a
+        # batched MatMul runs each state alone, so a state's bits do not depend on its batch mates.
+        pooled = (mask.unsqueeze(1) @ x).squeeze(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
         return torch.cat([head(pooled) for head in self.heads], dim=-1)
 
 

@@ -73,13 +73,19 @@ class Run:
     """One distillation run: the task, its data, the output folder and the teacher (loaded on first use)."""
 
     def __init__(self, task: Task, teacher: str, data: str | Path, out: str | Path, progress: bool = True,
-                 eval_data: dict[str, Path] | None = None):
+                 eval_data: dict[str, Path] | None = None, eval_gold: dict[str, str] | None = None):
         self.task, self.data, self.progress = task, Path(data), progress
         # Other text the report measures agreement on (e.g. hand-written tickets): never labelled for training.
         self.eval_data = {name: Path(path) for name, path in (eval_data or {}).items()}
         for name, path in self.eval_data.items():
             if not path.is_file():
                 raise FileNotFoundError(f"eval_data: {name}={path} does not exist")
+        # Their gold columns, per question, where they differ from the task's: accuracy of teacher and students.
+        self.eval_gold = dict(eval_gold or {})
+        for question in self.eval_gold:
+            if question not in task.questions:
+                raise ValueError(f"eval_gold: {question!r} is not a question of task {task.name!r} "
+                                 f"(has {sorted(task.questions)})")
         self.layout = Layout(Path(out))
         self.teacher_dir = resolve_teacher(teacher)
         self._agent = None
@@ -268,7 +274,8 @@ class Run:
 
     def _write_student_json(self, folder: Path, kind: str, heads: list[dict], models: dict, default: str,
                             checked: dict, d: dict, extra: dict) -> None:
-        from distill.runtime import FORMAT  # the reader defines the format the writer must produce
+        # The reader defines the format the writer must produce.
+        from distill.runtime import FORMAT, PER_TOKEN_INT8
 
         history = self.layout.work / "history.json"
         meta = {
@@ -282,6 +289,7 @@ class Run:
             "n_logits": sum(h["size"] for h in heads),
             "questions": self.task.questions,
             "heads": heads,
+            **({"int8_activations": PER_TOKEN_INT8} if "int8" in models else {}),
             "budgets": {"teacher": self.task.budgets, "student_max_len": self.task.student.max_len},
             "provenance": {
                 "teacher": str(self.teacher_dir),
@@ -300,8 +308,8 @@ class Run:
 
 def distill(task: str | Path, teacher: str, data: str | Path, out: str | Path, *, shard: str | None = None,
             restart_from: str | None = None, progress: bool = True,
-            eval_data: dict[str, Path] | None = None) -> Path | None:
-    run = Run(load_task(task), teacher, data, out, progress, eval_data)
+            eval_data: dict[str, Path] | None = None, eval_gold: dict[str, str] | None = None) -> Path | None:
+    run = Run(load_task(task), teacher, data, out, progress, eval_data, eval_gold)
     if restart_from:
         run.restart(restart_from)
     return run.run(L.parse_shard(shard))

@@ -160,18 +160,25 @@ def write_report(run, d: dict) -> dict:
 
 def other_data(run, path: Path, variants: dict[str, tuple[Path, str | None]]) -> dict[str, Any]:
     """Agreement with the teacher on text outside the corpus (e.g. hand-written tickets), where a student
-    trained on one generator's text shows whether it learnt the teacher or the generator."""
-    from distill.labels import load_corpus
+    trained on one generator's text shows whether it learnt the teacher or the generator; and, where the
+    file has gold labels, the teacher's and each student's accuracy on them, since on such text a
+    disagreement may be the teacher's mistake rather than the student's."""
+    import dataclasses
+
+    from distill.labels import gold_indices, load_corpus
     from laya.answers import probabilities_from_answer
     from laya.rows import state_text
 
-    task = run.task
-    texts = [state_text(x) for x in load_corpus(path, task)[task.text_field]]
+    task = dataclasses.replace(run.task, gold={**run.task.gold, **run.eval_gold})
+    ds = load_corpus(path, task)
+    texts = [state_text(x) for x in ds[task.text_field]]
+    gold = gold_indices(ds, task)
     answers = run.agent.predict_batch(texts, task.questions, batch_size=task.labels.batch_size, **task.budgets)
     teacher = {q: np.array([probabilities_from_answer(parsed, a["answers"][q]) for a in answers], dtype=np.float64)
                for q, parsed in task.parsed.items()}
-    return {"path": str(path), "rows": len(texts),
-            "students": {name: quality(student_probs(p, precision, texts)[0], teacher, {})
+    return {"path": str(path), "rows": len(texts), "gold_columns": task.gold,
+            "teacher": {q: vs_gold(teacher[q], gold[q]) for q in teacher if q in gold},
+            "students": {name: quality(student_probs(p, precision, texts)[0], teacher, gold)
                          for name, (p, precision) in variants.items()}}
 
 
@@ -235,15 +242,23 @@ def render(task, report: dict, pngs: list[str], run) -> str:
             name, r["size_mb"], " | ".join(cells), r["latency"]["1 thread"]["b1_cpu_p50"],
             t1 / r["latency"]["1 thread"]["b1_p50"]))
     for name, other in report.get("other_data", {}).items():
+        gold_cols = ", ".join(f"{q}: `{c}`" for q, c in other.get("gold_columns", {}).items()) or "none"
         lines += ["", f"## Agreement on {name} ({other['rows']} rows of `{other['path']}`, not in the corpus)", "",
-                  "| model | question | agreement | agreement, decisive rows (share) | mean KL | ECE vs teacher |",
-                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+                  f"Gold columns: {gold_cols}. Accuracy vs gold puts the agreement in context: where the teacher "
+                  "is wrong on such text, a student that disagrees with it may be right.", "",
+                  "| model | question | agreement | agreement, decisive rows (share) | mean KL | ECE vs teacher "
+                  "| accuracy vs gold |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for q in qs:
+            if q in other.get("teacher", {}):
+                lines.append("| {} | {} | — | — | — | — | {} |".format(teacher_name, q,
+                                                                      _fmt(other["teacher"][q].get("acc_gold"))))
         for model, r in other["students"].items():
             for q in qs:
                 m = r[q]
-                lines.append("| {} | {} | {} | {} ({}) | {} | {} |".format(
+                lines.append("| {} | {} | {} | {} ({}) | {} | {} | {} |".format(
                     model, q, _fmt(m["agreement"]), _fmt(m["decisive_agreement"]), _fmt(m["decisive_share"], ".2f"),
-                    _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"])))
+                    _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]), _fmt(m.get("acc_gold"))))
     if report["targets"]:
         lines += ["", "## Targets (encoder int8)", "", "| target | value | goal | met |", "| --- | ---: | ---: | --- |"]
         for k, t in report["targets"].items():

@@ -7,9 +7,10 @@ and no transformers, and answers in exactly the shape a Laya checkpoint does (it
 enforces both.
 
 Determinism: a state's probabilities must not depend on what else shares its batch. Padding changes
-the reduction lengths inside attention, and dynamic int8 quantisation picks one activation scale per
-tensor, i.e. per batch. So fp32 encoder batches only ever hold states of identical token length, and
-int8 encoder states run one at a time (the int8 model is built for batch-1 edge latency anyway).
+the reduction lengths inside attention, so encoder batches only ever hold states of identical token
+length. int8 students quantise each token's activations with its own scale (`int8_activations:
+per-token` in student.json) and batch the same way; older int8 students used one scale per tensor,
+i.e. per batch, and their states run one at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from laya.questions import Question, parse_question
 from laya.rows import state_text
 
 FORMAT = "pagoda-student/1"
+PER_TOKEN_INT8 = "per-token"   # student.json `int8_activations`: a token's int8 values are its own
 
 
 class Student:
@@ -159,7 +161,8 @@ class Student:
         by_len: dict[int, list[int]] = defaultdict(list)
         for i, row in enumerate(ids):
             by_len[len(row)].append(i)
-        step = 1 if self.precision == "int8" else batch_size
+        per_batch_scale = self.precision == "int8" and self.meta.get("int8_activations") != PER_TOKEN_INT8
+        step = 1 if per_batch_scale else batch_size
         out = np.empty((len(texts), self.meta["n_logits"]), dtype=np.float32)
         for rows in by_len.values():
             for start in range(0, len(rows), step):

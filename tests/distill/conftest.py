@@ -27,6 +27,7 @@ def student_dir(tmp_path_factory, distill_inputs):
     out = tmp_path_factory.mktemp("student") / "tiny-triage"
     i = distill_inputs
     proc = pagoda("distill", "--teacher", str(i["teacher"]), "--task", str(i["task"]), "--data", str(i["data"]),
-                  "--out", str(out), "--no-progress", "--eval-data", f"handwritten={HANDWRITTEN}")
+                  "--out", str(out), "--no-progress", "--eval-data", f"handwritten={HANDWRITTEN}",
+                  "--eval-gold", "department=department5")
     assert "student ready" in proc.stdout
     return out

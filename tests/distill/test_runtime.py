@@ -105,6 +105,18 @@ def test_batch_results_are_bit_identical_to_single_predictions(student):
         assert np.array_equal(student.logits([state])[0], logits[i])
 
 
+def test_distinct_states_of_one_length_share_a_batch_bit_identically(student, student_dir):
+    """int8 students quantise per token, so they batch like fp32: mates of one length leave a state's bits alone."""
+    texts = [f"order {n} arrived broken, please refund me" for n in range(10, 40)]
+    if student.kind == "encoder":  # one token length, so the runtime puts them in one batch
+        assert len({len(e.ids) for e in student._tokenizer.encode_batch(texts)}) == 1
+    together = student.logits(texts)
+    for i, text in enumerate(texts):
+        assert np.array_equal(student.logits([text])[0], together[i])
+    if student.precision == "int8":
+        assert json.loads((student_dir / "student.json").read_text())["int8_activations"] == "per-token"
+
+
 def test_long_states_are_truncated_to_the_budget_and_reported(student_dir):
     s = Student(student_dir, max_len=16)
     u = s.predict(STATES[-1] * 4)["usage"]
