@@ -21,15 +21,21 @@ from serving.decide.metrics import DecideMetrics
 def test_batched_rows_equal_unbatched(agent, billing_questions):
     backend = LayaBackend(agent, "tiny")
     metrics = DecideMetrics()
-    # a wait long enough for all 12 threads to arrive on a loaded machine (50 ms was not, in CI)
+    # The worker waits for company only while requests are `arriving` (as the service marks them), up to
+    # max_wait_ms: long enough for 12 threads on a loaded machine. Without `arriving` nothing waits, and
+    # how many requests shared a pass was up to the thread scheduler (CI once saw at most 3).
     batcher = Batcher(backend.run, BatchLimits(max_wait_ms=1000), metrics)
     names = list(billing_questions)
     work = [backend.prepare(f"{BILLING_STATE[: 10 + 7 * i]} #{i}",
                             {n: billing_questions[n] for n in names[i % 3:]}, {}) for i in range(12)]
     outputs: dict[int, list] = {}
 
+    all_arriving = threading.Barrier(len(work))
+
     def submit(i: int) -> None:
-        outputs[i] = batcher.submit([work[i]], [backend.cost(work[i])], time.monotonic() + 60).wait()[0]
+        with batcher.arriving():
+            all_arriving.wait(30)
+            outputs[i] = batcher.submit([work[i]], [backend.cost(work[i])], time.monotonic() + 60).wait()[0]
 
     threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(work))]
     for t in threads:
