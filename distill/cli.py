@@ -105,13 +105,11 @@ def _bench(args: argparse.Namespace) -> int:
                           f"{cores} threads": student_latency(baseline, cores, None, states, singles=args.singles)}
     teacher = args.teacher or student.meta["provenance"].get("teacher")
     if teacher and teacher != "none" and (teacher == "default" or (Path(teacher) / "rl_agent_config.json").is_file()):
-        import laya
-
-        agent = laya.load(None if teacher == "default" else teacher)
+        source = None if teacher == "default" else teacher
         budgets = student.meta["budgets"]["teacher"]
-        rows["teacher"] = {"1 thread": teacher_latency(agent, student.questions, 1, states, budgets,
+        rows["teacher"] = {"1 thread": teacher_latency(source, student.questions, 1, states, budgets,
                                                        singles=max(10, args.singles // 10), batches=2),
-                           f"{cores} threads": teacher_latency(agent, student.questions, cores, states, budgets,
+                           f"{cores} threads": teacher_latency(source, student.questions, cores, states, budgets,
                                                                singles=max(10, args.singles // 10), batches=2)}
     base_name = "teacher" if "teacher" in rows else next(iter(rows))
     print(f"states: {len(states)}; ms per state; x = baseline ({base_name}) time / this time, same process, "

@@ -49,10 +49,20 @@ def student_latency(path, threads: int | None, precision: str | None, states: li
     return measure(s.predict, s.predict_batch, states, **kw)
 
 
-def teacher_latency(agent, questions: dict, threads: int, states: list[str], budgets: dict | None = None,
-                    **kw: Any) -> dict[str, float]:
+def teacher_latency(teacher: str | None, questions: dict, threads: int, states: list[str],
+                    budgets: dict | None = None, **kw: Any) -> dict[str, float]:
+    """The teacher (a checkpoint folder, None: laya-mini) loaded at `threads` intra-op threads.
+
+    Loaded per thread count because laya's onnxruntime engine fixes its threads at load: an agent
+    loaded once answered the "1 thread" rows on every core (CPU time twice its wall time), which made
+    the students' 1-thread speed-ups look smaller than they are. torch's threads are set too, for the
+    checkpoints laya runs on torch.
+    """
     import torch
 
+    import laya
+
+    agent = laya.load(teacher, threads=threads)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

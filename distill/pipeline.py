@@ -240,7 +240,8 @@ class Run:
 
                 model = modeling_student.load(self.layout.work / "student.pt")
                 export.export_fp32(model, folder / "model.onnx")
-                export.quantize_int8(folder / "model.onnx", folder / "model.int8.onnx")
+                export.quantize_int8(folder / "model.onnx", folder / "model.int8.onnx",
+                                     self.task.export.int8_activations)
                 shutil.copyfile(minilm_tokenizer_file(), folder / "tokenizer.json")
                 rows = minilm_ids(check_texts, self.task.student.max_len)
                 checked = export.check(model, folder / "model.onnx", folder / "model.int8.onnx", rows, heads,
@@ -275,7 +276,7 @@ class Run:
     def _write_student_json(self, folder: Path, kind: str, heads: list[dict], models: dict, default: str,
                             checked: dict, d: dict, extra: dict) -> None:
         # The reader defines the format the writer must produce.
-        from distill.runtime import FORMAT, PER_TOKEN_INT8
+        from distill.runtime import FORMAT
 
         history = self.layout.work / "history.json"
         meta = {
@@ -289,7 +290,7 @@ class Run:
             "n_logits": sum(h["size"] for h in heads),
             "questions": self.task.questions,
             "heads": heads,
-            **({"int8_activations": PER_TOKEN_INT8} if "int8" in models else {}),
+            **({"int8_activations": self.task.export.int8_activations} if "int8" in models else {}),
             "budgets": {"teacher": self.task.budgets, "student_max_len": self.task.student.max_len},
             "provenance": {
                 "teacher": str(self.teacher_dir),

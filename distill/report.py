@@ -133,11 +133,11 @@ def write_report(run, d: dict) -> dict:
                 per_question[q].update(t)
             report["students"][name] = {"questions": per_question, "latency": lat,
                                         "size_mb": dir_size_mb(model_file)}
-        agent = run.agent
         tlat = {}
         for tname, n in threads.items():
-            tlat[tname] = teacher_latency(agent, task.questions, n, texts, task.budgets, singles=rc.teacher_singles,
-                                          batches=max(1, rc.batches // 2), batch_size=rc.batch_size)
+            tlat[tname] = teacher_latency(str(run.teacher_dir), task.questions, n, texts, task.budgets,
+                                          singles=rc.teacher_singles, batches=max(1, rc.batches // 2),
+                                          batch_size=rc.batch_size)
             bar.update(1)
         tq = {}
         for q in teacher:

@@ -218,6 +218,23 @@ def test_an_export_past_its_tolerance_is_one_line_and_keeps_the_earlier_stages(d
     assert (out / "work" / "student.pt").is_file() and not (out / "student.json").exists()
 
 
+def test_per_tensor_int8_is_onnxruntime_s_dynamic_quantisation(student_dir, tmp_path):
+    """`export.int8_activations: per-tensor` is onnxruntime's own quantiser (faster, one scale per call): no
+    per-token ops in the graph, and student.json says so, so the runtime runs its states one at a time."""
+    import onnx
+
+    from distill import export
+
+    per_tensor, per_token = tmp_path / "pt.onnx", tmp_path / "tok.onnx"
+    export.quantize_int8(student_dir / "model.onnx", per_tensor, "per-tensor")
+    export.quantize_int8(student_dir / "model.onnx", per_token)
+    ops = {p: {n.op_type for n in onnx.load(str(p)).graph.node} for p in (per_tensor, per_token)}
+    assert "DynamicQuantizeLinear" in ops[per_tensor] and "MatMulIntegerToFloat" not in ops[per_tensor]
+    assert "DynamicQuantizeLinear" not in ops[per_token] and "MatMulIntegerToFloat" in ops[per_token]
+    with pytest.raises(ValueError, match="export.int8_activations"):
+        export.quantize_int8(student_dir / "model.onnx", per_tensor, "per-row")
+
+
 def test_missing_eval_data_is_one_line_naming_it(distill_inputs, tmp_path):
     proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
                   str(distill_inputs["data"]), "--out", str(tmp_path / "o"), "--eval-data", "hw=missing.jsonl",

@@ -45,6 +45,7 @@ def _with(path: str, value):
     ("questions.urgency.criteria", ["only one"], "question 'urgency': field 'criteria'"),
     ("questions.department.instructions", "", "question 'department': field 'instructions'"),
     ("report.singles", 0, "task.report.singles"),
+    ("export.int8_activations", "per-row", "task.export.int8_activations"),
 ])
 def test_errors_name_the_field(path, value, needle):
     with pytest.raises(ValueError, match=needle.replace(".", r"\.").replace("(", r"\(")):
