@@ -52,12 +52,14 @@ def quantize_int8(src: Path, dst: Path, activations: str = "per-token") -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if activations not in ("per-token", "per-tensor"):
-        raise ValueError(f"export.int8_activations: must be 'per-token' or 'per-tensor', got {activations!r}")
+    from distill.task import INT8_ACTIVATIONS, PER_TOKEN
+
+    if activations not in INT8_ACTIVATIONS:
+        raise ValueError(f"export.int8_activations: must be one of {list(INT8_ACTIVATIONS)}, got {activations!r}")
     tmp = dst.with_suffix(".tmp.onnx")
-    ops = ["Gather"] if activations == "per-token" else ["MatMul", "Gather"]
+    ops = ["Gather"] if activations == PER_TOKEN else ["MatMul", "Gather"]
     quantize_dynamic(str(src), str(tmp), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=ops)
-    if activations == "per-token":
+    if activations == PER_TOKEN:
         model = onnx.load(str(tmp))
         _per_token_linears(model)
         onnx.save(model, str(tmp))

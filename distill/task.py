@@ -52,6 +52,10 @@ class StudentConfig:
     seed: int = 0
 
 
+PER_TOKEN, PER_TENSOR = "per-token", "per-tensor"   # `export.int8_activations` (runtime.PER_TOKEN_INT8 reads it)
+INT8_ACTIVATIONS = (PER_TOKEN, PER_TENSOR)
+
+
 @dataclass
 class ExportConfig:
     tolerance: float = 1e-4       # max |ORT fp32 - torch| on logits before export fails
@@ -59,7 +63,7 @@ class ExportConfig:
     check_rows: int = 64
     # "per-token": each token's activations quantised by its own range (faithful to fp32, ~1.4x the time
     # of "per-tensor", onnxruntime's dynamic quantisation with one scale per call: docs/distill.md).
-    int8_activations: str = "per-token"
+    int8_activations: str = PER_TOKEN
 
 
 @dataclass
@@ -158,8 +162,8 @@ def _check_ranges(t: Task) -> None:
     need(s.threads >= 0, "student.threads", "must be >= 0 (0: all cores)")
     need(t.export.tolerance > 0 and t.export.int8_tolerance > 0, "export.tolerance", "must be > 0")
     need(t.export.check_rows >= 1, "export.check_rows", "must be >= 1")
-    need(t.export.int8_activations in ("per-token", "per-tensor"), "export.int8_activations",
-         f"must be 'per-token' or 'per-tensor', got {t.export.int8_activations!r}")
+    need(t.export.int8_activations in INT8_ACTIVATIONS, "export.int8_activations",
+         f"must be one of {list(INT8_ACTIVATIONS)}, got {t.export.int8_activations!r}")
     for key in ("singles", "teacher_singles", "batches", "batch_size"):
         need(getattr(t.report, key) >= 1, "report." + key, "must be >= 1")
 
