@@ -299,8 +299,10 @@ def test_cost_limits_are_configurable(limits, agent, billing_questions):
 
 def test_distinct_large_questions_keep_the_cache_within_its_bytes(limits):
     """Each request asks a new question with ~200 KB of instructions, whose tokens take ~250 KB in the cache.
-    Bounded by entries, the cache kept every one (measured: RSS +14 MB over the 60 requests below); bounded by
-    1 MiB, the worker's memory stays flat (measured: +1 MB)."""
+    Bounded by entries, the cache kept every one (measured: RSS +14 MB per 60 requests); bounded by 1 MiB, the
+    worker's memory stays flat (measured: +1 MB). A cache that keeps what it should drop grows RSS in every
+    window of requests; the allocator's one-off steps (one CI run: +20 MB once, in a window where the cache
+    stayed at its bound) land in one. So the worker must stay flat over at least one of two windows."""
     big = "please check the invoice line " * 7000
 
     def ask(i: int) -> None:
@@ -310,14 +312,17 @@ def test_distinct_large_questions_keep_the_cache_within_its_bytes(limits):
 
     for i in range(10):  # the tokenizer's buffers and the arenas reach their size
         ask(i)
-    before = worker_rss_kb(limits.proc.pid)
-    for i in range(10, 70):
-        ask(i)
-    after = worker_rss_kb(limits.proc.pid)
-    cache = requests.get(limits.url + "/stats", timeout=10).json()["decision_caches"]["question_tokens"]
-    assert cache["max_bytes"] == 1 << 20 and cache["bytes"] <= cache["max_bytes"], cache
-    assert cache["misses"] >= 70 and cache["entries"] < 10, cache
-    assert after - before < 6_000, (before, after)
+    rss = [worker_rss_kb(limits.proc.pid)]
+    for window in range(2):
+        for i in range(60):
+            ask(10 + 60 * window + i)
+        rss.append(worker_rss_kb(limits.proc.pid))
+        cache = requests.get(limits.url + "/stats", timeout=10).json()["decision_caches"]["question_tokens"]
+        assert cache["max_bytes"] == 1 << 20 and cache["bytes"] <= cache["max_bytes"], cache
+        assert cache["entries"] < 10, cache
+    assert cache["misses"] >= 130, cache
+    growth = [b - a for a, b in zip(rss, rss[1:])]
+    assert min(growth) < 6_000, rss
 
 
 # ---- rules -----------------------------------------------------------------------------------------------------
