@@ -9,12 +9,14 @@ in `load_backend`, in the serving process, so the gunicorn master and `pagoda --
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from laya.errors import InputError
 from laya.rows import state_text
-from serving.decide.config import DecideConfig
+from serving.decide.config import DecideConfig, student_precision
 
 
 class LayaBackend:
@@ -67,9 +69,10 @@ class StudentBackend:
 
     kind = "student"
 
-    def __init__(self, student: Any, name: str):
+    def __init__(self, student: Any, name: str, threads: int | None = None):
         self.student = student
         self.name = name
+        self.threads = threads
         self.default_questions = dict(student.questions)
 
     def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
@@ -111,7 +114,8 @@ class StudentBackend:
         return output
 
     def describe(self) -> dict:
-        return {"precision": "student", "backend": "onnxruntime"}
+        return {"precision": self.student.precision, "backend": "onnxruntime",
+                "model_file": self.student.model_file.name, "threads": self.threads}
 
     def caches(self) -> dict:
         return {}
@@ -121,8 +125,10 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
     if cfg.student:
         from distill.runtime import Student
 
-        student = Student(cfg.student)
-        return StudentBackend(student, f"student:{student.name}")
+        models = json.loads((Path(cfg.student) / "student.json").read_text())["models"]
+        student = Student(cfg.student, precision=student_precision(cfg.precision, models),
+                          threads=cfg.torch_threads or None)
+        return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None)
     import laya
 
     agent = laya.load(cfg.model, device=cfg.device, precision=cfg.precision, threads=cfg.torch_threads or None,
@@ -133,6 +139,4 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
 def _model_name(path: str | None) -> str:
     if path is None:
         return "laya-mini"
-    from pathlib import Path
-
     return Path(path).resolve().name

@@ -6,10 +6,12 @@ server's only ones before it served more than one API, and operators' scripts us
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from laya.precision import PRECISIONS
+from laya.precision import PRECISION_ENV, PRECISIONS, requested_precision
 from serving.flags import Settings, option
 
 SHIPPED_PRESETS = Path(__file__).with_name("presets.yaml")
@@ -58,3 +60,19 @@ class DecideConfig(Settings):
             path = getattr(self, name)
             if path and not Path(path).is_dir():
                 raise ValueError(f"{self.where(name)} {path}: no such folder")
+        if self.student and (Path(self.student) / "student.json").is_file():
+            student_precision(self.precision, json.loads((Path(self.student) / "student.json").read_text())["models"])
+
+
+def student_precision(precision: str | None, models: dict) -> str | None:
+    """Which of a student's ONNX models (`models`: student.json's, fp32 and usually int8) a process-wide
+    precision names: `exact` its fp32 model, `int8` its int8 one, `fast` int8 where it has one (a linear
+    student has fp32 only); it has no bf16 model. Neither the flag nor `$PAGODA_PRECISION` given: None, the
+    student's own default (`default_precision`)."""
+    if precision is None and not os.environ.get(PRECISION_ENV):
+        return None
+    requested = requested_precision(precision)
+    wanted = {"exact": "fp32", "int8": "int8", "bf16": "bf16", "fast": "int8" if "int8" in models else "fp32"}[requested]
+    if wanted not in models:
+        raise ValueError(f"precision {requested!r}: this student has {' and '.join(sorted(models))} models only")
+    return wanted

@@ -55,3 +55,37 @@ def test_student_serving(student):
     assert r.status_code == 422 and "urgency" in r.json()["error"]["message"]
     r = requests.post(server.url + "/decide", json={"state": state, "max_len": 32}, timeout=30)
     assert r.status_code == 422 and r.json()["error"]["field"] == "max_len"
+    engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
+    # ServerProcess sets $PAGODA_TORCH_THREADS=1, which reaches onnxruntime
+    assert engine == {"precision": "fp32", "backend": "onnxruntime", "model_file": "model.onnx", "threads": 1}
+
+
+def test_a_precision_the_student_lacks_stops_startup(student):
+    """A linear student has one fp32 model: `--precision int8` (or bf16) names what it has, before any worker boots;
+    `exact` and `fast` take the fp32 model."""
+    import os
+
+    folder, _ = student
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PAGODA_GENERATE_MODEL": "none"}
+    for precision in ("int8", "bf16"):
+        r = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--student", str(folder), "--port", "0",
+                            "--precision", precision], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and f"precision '{precision}': this student has fp32 models only" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("precision, env, models, chosen", [
+    (None, None, {"fp32": "m", "int8": "q"}, None),          # the student's own default
+    ("exact", None, {"fp32": "m", "int8": "q"}, "fp32"),
+    ("int8", None, {"fp32": "m", "int8": "q"}, "int8"),
+    ("fast", None, {"fp32": "m", "int8": "q"}, "int8"),
+    ("fast", None, {"fp32": "m"}, "fp32"),
+    (None, "exact", {"fp32": "m", "int8": "q"}, "fp32"),    # $PAGODA_PRECISION, as laya.load reads it
+])
+def test_student_precision_names_one_of_its_models(monkeypatch, precision, env, models, chosen):
+    from serving.decide.config import student_precision
+
+    if env is None:
+        monkeypatch.delenv("PAGODA_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("PAGODA_PRECISION", env)
+    assert student_precision(precision, models) == chosen
