@@ -61,6 +61,12 @@ def register(commands, bench) -> None:
     b.add_argument("--max-wait-ms", type=float, default=None, help="batcher wait (default: the server's)")
     b.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads in the server (0: torch default; 1 keeps runs comparable on a shared box)")
+    b.add_argument("--precision", default=None,
+                   help="comma list of our precisions to serve, each its own server (exact, int8, bf16, fast; "
+                        "default: $PAGODA_PRECISION, else exact)")
+    b.add_argument("--reference", default=None,
+                   help="python of a venv with laya[serve]==0.4.15: its laya-serve is measured on the same checkpoint "
+                        "(default: .refvenv's when it has one)")
     b.add_argument("--plot", default=None, help="write a PNG of decisions/s by concurrency here")
     g = b.add_argument_group("--generate")
     g.add_argument("--generate-model", default=None, help="HF folder or .gguf (default: the embedded SmolLM2)")

@@ -99,14 +99,13 @@ def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
 
 
 def _precisions(args) -> str:
-    return getattr(args, "precision", None) or os.environ.get("PAGODA_PRECISION") or "exact"
+    return args.precision or os.environ.get("PAGODA_PRECISION") or "exact"
 
 
 def _reference(args) -> str | None:
     """The official runtime's python: `--reference`, else `.refvenv`'s when it has laya-serve."""
-    given = getattr(args, "reference", None)
-    if given:
-        return given
+    if args.reference:
+        return args.reference
     from laya.bench import DEFAULT_REFERENCE
 
     return str(DEFAULT_REFERENCE) if (DEFAULT_REFERENCE.parent / "laya-serve").is_file() else None

@@ -52,24 +52,28 @@ def test_server_answers_at_the_precision_it_was_given(tmp_path, billing_question
         server.stop()
 
 
-def test_bench_serve_modes_skip_the_llm_and_read_the_precision(monkeypatch):
-    """`pagoda bench serve`'s servers: no LLM loaded, our precisions from PAGODA_PRECISION, laya-serve last."""
-    import argparse
-
+@pytest.mark.parametrize("flags, env, served", [
+    ([], "int8", ["int8"]),                                    # $PAGODA_PRECISION, as `pagoda serve` reads it
+    (["--precision", "exact,int8"], "int8", ["exact", "int8"]),  # the flag wins
+])
+def test_bench_serve_modes_skip_the_llm_and_read_the_precision(monkeypatch, flags, env, served):
+    """`pagoda bench serve`'s servers, from its own parser: no LLM loaded, our precisions from --precision
+    else PAGODA_PRECISION, laya-serve (--reference) last."""
     import serving.decide.bench as bench
+    from serving.cli import build_parser
 
     started = []
     monkeypatch.setattr(bench, "ServerProcess", lambda flags: started.append(flags))
     monkeypatch.setattr(bench, "LayaServe", lambda *a: started.append(["laya-serve", *a]))
-    monkeypatch.setenv("PAGODA_PRECISION", "int8")
-    args = argparse.Namespace(model=str(TINY_BERT), student=None, max_wait_ms=None, torch_threads=1,
-                              reference="/ref/bin/python")
+    monkeypatch.setenv("PAGODA_PRECISION", env)
+    args = build_parser().parse_args(["bench", "serve", "--model", str(TINY_BERT), "--reference", "/ref/bin/python",
+                                      *flags])
     modes = bench._modes(args, [1, 16])
-    assert [name for name, _ in modes] == ["pagoda int8, batching off", "pagoda int8, batching on",
-                                           "laya-serve 0.4.15 (fp32)"]
+    assert [name for name, _ in modes] == [f"pagoda {served[0]}, batching off",
+                                           *[f"pagoda {p}, batching on" for p in served], "laya-serve 0.4.15 (fp32)"]
     for _, start in modes:
         start()
-    for flags in started[:2]:
+    for flags, precision in zip(started, [served[0], *served]):
         assert flags[flags.index("--generate-model") + 1] == "none"
-        assert flags[flags.index("--precision") + 1] == "int8"
-    assert started[2][:2] == ["laya-serve", "/ref/bin/python"]
+        assert flags[flags.index("--precision") + 1] == precision
+    assert started[-1][:2] == ["laya-serve", "/ref/bin/python"]
