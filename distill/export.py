@@ -39,9 +39,9 @@ class ExportCheckError(RuntimeError):
     """An exported model differs from its source past the task's tolerance: the export is not written."""
 
 
-def quantize_int8(src: Path, dst: Path, activations: str = "per-token") -> None:
+def quantize_int8(src: Path, dst: Path, activations: str | None = None) -> None:
     """The int8 student: embeddings by onnxruntime's dynamic quantiser, every linear by `_per_token_linears`
-    (`activations="per-tensor"`: the linears by onnxruntime's dynamic quantiser as well).
+    (`activations` per-tensor: the linears by onnxruntime's dynamic quantiser as well; default per-token).
 
     Why not `quantize_dynamic` for the linears by default: it gives all tokens of a call one activation
     scale, so a few large-norm tokens ([CLS], [SEP], punctuation) coarsen everyone else's. On the
@@ -54,6 +54,7 @@ def quantize_int8(src: Path, dst: Path, activations: str = "per-token") -> None:
 
     from distill.task import INT8_ACTIVATIONS, PER_TOKEN
 
+    activations = activations or PER_TOKEN
     if activations not in INT8_ACTIVATIONS:
         raise ValueError(f"export.int8_activations: must be one of {list(INT8_ACTIVATIONS)}, got {activations!r}")
     tmp = dst.with_suffix(".tmp.onnx")
