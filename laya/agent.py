@@ -11,8 +11,6 @@ This module imports no torch: on the CPU engines a process decides without ever 
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -23,12 +21,12 @@ from laya import answers
 from laya.calibration import Temperatures
 from laya.config import LayaConfig
 from laya.engine import Engine, RowOutput
-from laya.errors import InputError, question_error
+from laya.errors import InputError
 from laya.layout import read_parts
 from laya.lru import ByteLRU
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
 from laya.precision import Plan, plan
-from laya.questions import Question, parse_questions
+from laya.questions import Question, check_answer_keys, parse_questions
 from laya.rows import Budgets, Row, build_rows, check_state, encode_head
 from laya.tokenizer import LayaTokenizer
 
@@ -164,26 +162,6 @@ class Agent:
                 results[i] = self.finish(prepared[i], outputs[offset:offset + n])
                 offset += n
         return results  # type: ignore[return-value]
-
-
-def check_answer_keys(questions: list[Question]) -> None:
-    """Every choice label must be a key of its own in the answer JSON, and a value JSON has.
-
-    Python tells `1` from `"1"` (and `True` from `"true"`), but the answer's `probabilities` object writes
-    both as the key `"1"`: a response with duplicate keys, which JSON readers resolve differently. A NaN
-    or infinite label would be written as a bare `NaN`, which is not JSON at all."""
-    for q in questions:
-        if q.type != "choice":
-            continue
-        seen: dict[str, int] = {}
-        for i, key in enumerate(q.keys):
-            if isinstance(key, float) and not math.isfinite(key):
-                raise question_error(q.name, "criteria", f"label {i} ({key!r}) is not a finite number")
-            text = key if isinstance(key, str) else json.dumps(key)
-            if text in seen:
-                raise question_error(q.name, "criteria", f"label {i} ({key!r}) and label {seen[text]} "
-                                     f"({q.keys[seen[text]]!r}) are the same key {text!r} in the answer JSON")
-            seen[text] = i
 
 
 def _head_bytes(q: Question, head: tuple[list[int], list[list[int]]]) -> int:

@@ -10,6 +10,7 @@ options than the act head's k/255 feature can represent).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,3 +192,23 @@ def _order(name: str, order: Any, n: int) -> tuple[int, ...]:
     if not ok:
         raise _fail(name, "option_order", f"must be a permutation of range({n}), got {order!r}")
     return tuple(order)
+
+
+def check_answer_keys(questions: list[Question]) -> None:
+    """Every choice label must be a key of its own in the answer JSON, and a value JSON has.
+
+    Python tells `1` from `"1"` (and `True` from `"true"`), but the answer's `probabilities` object writes
+    both as the key `"1"`: a response with duplicate keys, which JSON readers resolve differently. A NaN
+    or infinite label would be written as a bare `NaN`, which is not JSON at all."""
+    for q in questions:
+        if q.type != "choice":
+            continue
+        seen: dict[str, int] = {}
+        for i, key in enumerate(q.keys):
+            if isinstance(key, float) and not math.isfinite(key):
+                raise question_error(q.name, "criteria", f"label {i} ({key!r}) is not a finite number")
+            text = key if isinstance(key, str) else json.dumps(key)
+            if text in seen:
+                raise question_error(q.name, "criteria", f"label {i} ({key!r}) and label {seen[text]} "
+                                     f"({q.keys[seen[text]]!r}) are the same key {text!r} in the answer JSON")
+            seen[text] = i

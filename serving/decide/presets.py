@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from laya.agent import check_answer_keys
 from laya.errors import InputError
-from laya.questions import parse_questions
+from laya.questions import check_answer_keys, parse_questions
 from serving.decide.config import DecideConfig
 from serving.decide.mapping_file import read_mapping
 from serving.decide.schema import check_question_counts
