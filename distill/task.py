@@ -19,6 +19,8 @@ import yaml
 from laya.questions import Question, parse_question
 
 KINDS = ("encoder", "linear")
+# `student.init`: where an encoder student's layers start (distill/modeling_student.py, docs/distill.md)
+INITS = ("minilm", "teacher")
 
 
 @dataclass
@@ -40,6 +42,9 @@ class SplitConfig:
 class StudentConfig:
     kind: str = "encoder"
     layers: int = 3             # MiniLM layers kept (1..6)
+    # "minilm": the installed all-MiniLM-L6-v2; "teacher": the teacher's own encoder, fine-tuned from it
+    # (a BERT-layout Laya checkpoint with MiniLM's geometry, as laya-mini is)
+    init: str = "minilm"
     max_len: int = 128          # state tokens the student reads
     epochs: int = 3
     batch_size: int = 32
@@ -154,6 +159,7 @@ def _check_ranges(t: Task) -> None:
          "must be in (0, 1) and leave rows to train on beside split.holdout")
     s = t.student
     need(s.kind in KINDS, "student.kind", f"must be one of {list(KINDS)}, got {s.kind!r}")
+    need(s.init in INITS, "student.init", f"must be one of {list(INITS)}, got {s.init!r}")
     need(1 <= s.layers <= 6, "student.layers", "must be between 1 and 6 (all-MiniLM-L6-v2 has 6)")
     need(8 <= s.max_len <= 512, "student.max_len", "must be between 8 and 512")
     need(s.epochs >= 1, "student.epochs", "must be >= 1")

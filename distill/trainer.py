@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -52,15 +53,19 @@ def predict_logits(model: EncoderStudent, ids: list[list[int]], batch_size: int 
 
 
 def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.ndarray], val_ids: list[list[int]],
-                  val_t: dict[str, np.ndarray], progress: bool = True) -> tuple[EncoderStudent, list[dict]]:
-    """Returns the student with the lowest validation KL over epochs, and the per-epoch history."""
+                  val_t: dict[str, np.ndarray], progress: bool = True,
+                  teacher: Path | None = None) -> tuple[EncoderStudent, list[dict]]:
+    """Returns the student with the lowest validation KL over epochs, and the per-epoch history.
+
+    `teacher` is the teacher's checkpoint folder, read when `student.init` is `teacher`."""
     from tqdm.auto import tqdm
 
     s = task.student
     torch.set_num_threads(s.threads or os.cpu_count() or 1)
     heads = task.heads()
     scores = {name for name, q in task.parsed.items() if q.type == "score"}
-    model = from_minilm(s.layers, [h["size"] for h in heads], seed=s.seed)
+    model = from_minilm(s.layers, [h["size"] for h in heads], seed=s.seed,
+                        teacher=teacher if s.init == "teacher" else None)
     if s.freeze_embeddings:  # the vocabulary table is most of the weights and gains little from a few thousand rows
         model.word.weight.requires_grad_(False)
     head_params = list(model.heads.parameters())

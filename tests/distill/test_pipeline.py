@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
     assert check["fp32_vs_torch_max_abs_logit"] <= 1e-4
     assert check["int8_vs_fp32_max_abs_prob"] <= parse_task(TASK).export.int8_tolerance == 0.05
     assert meta["int8_activations"] == "per-token"
+    assert meta["provenance"]["encoder"] == "all-MiniLM-L6-v2 (first 1 of 6 layers)"
     assert (student_dir / "model.int8.onnx").stat().st_size < (student_dir / "model.onnx").stat().st_size / 3
     report = (student_dir / "report.md").read_text()
     for needle in ("agreement", "ECE vs gold", "encoder int8", "linear", "teacher", "1 thread", "b32",
@@ -263,7 +265,8 @@ def test_bench_distill_prints_ratios_for_every_variant(student_dir):
 # The tiny random teacher above answers (nearly) the same option for every ticket, so agreement with it says
 # nothing about decisions. laya-mini, the embedded default, routes the synthetic tickets for real (its
 # department accuracy is ~1.0), so a student of it has varied decisions for int8 to keep or lose.
-MINI_TASK = dict(TASK, name="mini-triage", student=dict(TASK["student"], epochs=6, lr=1e-3),
+# Its student starts from laya-mini's own encoder layers, as the shipped support-triage task's does.
+MINI_TASK = dict(TASK, name="mini-triage", student=dict(TASK["student"], epochs=6, lr=1e-3, init="teacher"),
                  labels={"chunk_rows": 40, "batch_size": 16, "threads": 1},
                  report={"singles": 2, "teacher_singles": 1, "batches": 1, "batch_size": 4})
 MINI_TICKETS = 160
@@ -305,6 +308,9 @@ def test_int8_keeps_the_decisions_of_fp32_and_the_teacher_on_held_out_rows(mini_
     texts, teacher = _held_out(mini_student, MINI_TASK)
     n = len(texts)
     assert n >= 30
+    meta = json.loads((mini_student / "student.json").read_text())
+    teacher_name = Path(meta["provenance"]["teacher"]).name
+    assert meta["provenance"]["encoder"] == f"all-MiniLM-L6-v2 (first 1 of 6 layers, as fine-tuned in the teacher {teacher_name})"
     fp32, _ = student_probs(mini_student, "fp32", texts)
     int8, _ = student_probs(mini_student, "int8", texts)
     for q in MINI_TASK["questions"]:

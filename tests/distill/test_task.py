@@ -46,6 +46,7 @@ def _with(path: str, value):
     ("questions.department.instructions", "", "question 'department': field 'instructions'"),
     ("report.singles", 0, "task.report.singles"),
     ("export.int8_activations", "per-row", "task.export.int8_activations"),
+    ("student.init", "bert", "task.student.init"),
 ])
 def test_errors_name_the_field(path, value, needle):
     with pytest.raises(ValueError, match=needle.replace(".", r"\.").replace("(", r"\(")):
