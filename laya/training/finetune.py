@@ -198,7 +198,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     from laya.training.examples import Augment, items_from_example
     from laya.training.losses import proper_loss
     from laya.training.similarity import Cosine
-    from laya.training.trainer import TrainConfig, _batch, build_model, encoder_layer_prefixes
+    from laya.training.trainer import TrainConfig, build_model, encoder_layer_prefixes, training_batch
 
     cfg.validate()
     if cfg.threads:
@@ -261,7 +261,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         items, teachers = src.next()
         model.train()
         model.encoder.eval()   # no dropout in a mostly frozen encoder
-        batch, target = _batch(tok, items, range(len(items)), budgets, src.rng, src.augment)
+        batch, target = training_batch(tok, items, range(len(items)), budgets, src.rng, src.augment)
         logits, act = model(**batch)
         loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
         if cfg.act_weight and act.size(-1) > 1:

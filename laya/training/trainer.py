@@ -19,9 +19,12 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laya.training.losses import LossWeights
+
+if TYPE_CHECKING:
+    import torch
 
 STATE_FILE = "trainer_state.pt"
 
@@ -147,7 +150,10 @@ def plan_batches(lengths: list[int], batch_size: int, rng: random.Random, window
     return batches
 
 
-def _batch(tok, items, idx, budgets, rng, augment, device="cpu"):
+def training_batch(tok, items: list, idx, budgets, rng, augment, device: str = "cpu") -> tuple[dict, torch.Tensor]:
+    """The collated model inputs of `items[idx]` and their per-option targets, padded to the batch's widest
+    row of options (zeros past a row's own). Shared with `laya.training.finetune`, whose mixed-source steps
+    build the same tensors."""
     import torch
 
     from laya.batching import collate
@@ -176,7 +182,7 @@ def evaluate(model, tok, items, budgets, batch_size: int = 32, device: str = "cp
     order = sorted(range(len(items)), key=lambda i: len(str(items[i].state)))
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
-            batch, t = _batch(tok, items, order[start:start + batch_size], budgets, None, None, device)
+            batch, t = training_batch(tok, items, order[start:start + batch_size], budgets, None, None, device)
             logits, _ = model(**batch)
             nll += float(log_score(logits, t, batch["marker_mask"]).sum())
             hits += int((logits.argmax(-1) == t.argmax(-1)).sum())
@@ -267,7 +273,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             model.train()
             if not whole_encoder:
                 model.encoder.eval()  # no dropout in a (partly) frozen encoder: its features stay the pretrained ones
-            batch, target = _batch(tok, items, idx, budgets, rng, augment, cfg.device)
+            batch, target = training_batch(tok, items, idx, budgets, rng, augment, cfg.device)
             logits, act = model(**batch)
             loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
             if cfg.act_weight and act.size(-1) > 1:
