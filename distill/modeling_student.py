@@ -111,10 +111,12 @@ _GEOMETRY = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_s
              "layer_norm_eps", "type_vocab_size")
 
 
-def check_teacher_init(teacher: Path) -> None:
-    """Raise, naming `student.init`, unless the teacher's encoder is a BERT with MiniLM's geometry and vocabulary.
+def check_teacher_init(teacher: Path, layers: int) -> None:
+    """Raise, naming `student.init` (or `student.layers`), unless the teacher's encoder is a BERT with
+    MiniLM's geometry and vocabulary and at least `layers` layers to copy.
 
     Called before labelling, so a wrong pairing fails in a second rather than after the teacher's pass."""
+    from distill.inputs import minilm_tokenizer_file
     from laya.layout import ENCODER_CONFIG, require
 
     cfg = json.loads(Path(require(str(teacher), ENCODER_CONFIG)).read_text())
@@ -126,18 +128,21 @@ def check_teacher_init(teacher: Path) -> None:
         off.append(f"num_hidden_layers {cfg.get('num_hidden_layers')!r}")
     vocab = Path(teacher) / "tokenizer" / "tokenizer.json"
     if not off and (not vocab.is_file() or json.loads(vocab.read_text())["model"].get("vocab")
-                    != json.loads((minilm_dir() / "tokenizer.json").read_text())["model"]["vocab"]):
+                    != json.loads(minilm_tokenizer_file().read_text())["model"]["vocab"]):
         off.append("its tokenizer's vocabulary differs from MiniLM's, which the student reads with")
     if off:
         raise ValueError(f"student.init: 'teacher' needs a teacher whose encoder is all-MiniLM-L6-v2 fine-tuned; "
                          f"{teacher} has {'; '.join(off)}. Use student.init: minilm")
+    if layers > cfg["num_hidden_layers"]:
+        raise ValueError(f"student.layers: {layers} asked, the teacher's encoder has {cfg['num_hidden_layers']} "
+                         f"(student.init: teacher)")
 
 
 def _encoder_weights(teacher: Path | None) -> dict[str, torch.Tensor]:
-    """MiniLM's tensors under the names of its own file, from the package or from a Laya checkpoint's encoder."""
+    """MiniLM's tensors under the names of its own file, from the package or from a Laya checkpoint's encoder
+    (already checked by `check_teacher_init`)."""
     if teacher is None:
         return load_file(str(minilm_dir() / "model.safetensors"))
-    check_teacher_init(teacher)
     src = load_file(str(Path(teacher) / "model.safetensors"))
     return {k[len("encoder."):]: v.float() for k, v in src.items() if k.startswith("encoder.")}
 
@@ -148,9 +153,7 @@ def from_minilm(layers: int, head_sizes: list[int], seed: int = 0, teacher: Path
     torch.manual_seed(seed)
     cfg = EncoderConfig.from_minilm(layers)
     if teacher is not None:
-        have = json.loads((Path(teacher) / "encoder" / "config.json").read_text())["num_hidden_layers"]
-        if layers > have:
-            raise ValueError(f"student.layers: {layers} asked, the teacher's encoder has {have} (student.init: teacher)")
+        check_teacher_init(teacher, layers)
     model = EncoderStudent(cfg, head_sizes)
     src = _encoder_weights(teacher)
     state = {

@@ -91,7 +91,7 @@ class Run:
         if task.student.kind == "encoder" and task.student.init == "teacher":
             from distill.modeling_student import check_teacher_init
 
-            check_teacher_init(self.teacher_dir)
+            check_teacher_init(self.teacher_dir, task.student.layers)
         self._agent = None
 
     @property
