@@ -47,3 +47,21 @@ def teacher_outcome(student: np.ndarray, teacher: np.ndarray) -> tuple[np.ndarra
 
 def ece_vs_teacher(student: np.ndarray, teacher: np.ndarray, bins: int = 15) -> float:
     return ece(*teacher_outcome(student, teacher), bins)
+
+
+def disagreements_vs_gold(student: np.ndarray, teacher: np.ndarray, gold: np.ndarray) -> dict[str, float | int]:
+    """Where student and teacher pick differently, who matches the gold label; and the agreement over the
+    rows the teacher gets right.
+
+    On text outside the corpus (hand-written tickets) the teacher is itself wrong on some rows, and a
+    student that learnt the task from the corpus may be right exactly there: argmax agreement alone then
+    counts the student's correct answers against it. Rows without gold (`gold < 0`) are left out.
+    """
+    keep = gold >= 0
+    s, t, g = student.argmax(-1)[keep], teacher.argmax(-1)[keep], gold[keep]
+    differ = s != t
+    right = t == g
+    return {"differ": int(differ.sum()), "student_right": int((differ & (s == g)).sum()),
+            "teacher_right": int((differ & right).sum()), "neither": int((differ & (s != g) & ~right).sum()),
+            "teacher_right_rows": int(right.sum()),
+            "agreement_teacher_right": float((s[right] == t[right]).mean()) if right.any() else float("nan")}

@@ -60,6 +60,7 @@ def quality(probs: dict[str, np.ndarray], teacher: dict[str, np.ndarray], gold: 
                "ece_teacher": fidelity.ece_vs_teacher(p, teacher[q])}
         if q in gold:
             row.update(vs_gold(p, gold[q]))
+            row["vs_gold"] = fidelity.disagreements_vs_gold(p, teacher[q], gold[q])
         out[q] = row
     return out
 
@@ -245,20 +246,29 @@ def render(task, report: dict, pngs: list[str], run) -> str:
         gold_cols = ", ".join(f"{q}: `{c}`" for q, c in other.get("gold_columns", {}).items()) or "none"
         lines += ["", f"## Agreement on {name} ({other['rows']} rows of `{other['path']}`, not in the corpus)", "",
                   f"Gold columns: {gold_cols}. Accuracy vs gold puts the agreement in context: where the teacher "
-                  "is wrong on such text, a student that disagrees with it may be right.", "",
+                  "is wrong on such text, a student that disagrees with it may be right. *Disagreements* splits "
+                  "the rows where the two pick differently by who matches gold (student / teacher / neither); "
+                  "*where the teacher is right* is the agreement over the rows whose teacher answer matches "
+                  "gold (their count in brackets).", "",
                   "| model | question | agreement | agreement, decisive rows (share) | mean KL | ECE vs teacher "
-                  "| accuracy vs gold |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+                  "| accuracy vs gold | disagreements: student / teacher / neither right | agreement where the "
+                  "teacher is right (rows) |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for q in qs:
             if q in other.get("teacher", {}):
-                lines.append("| {} | {} | — | — | — | — | {} |".format(teacher_name, q,
-                                                                      _fmt(other["teacher"][q].get("acc_gold"))))
+                lines.append("| {} | {} | — | — | — | — | {} | — | — |".format(
+                    teacher_name, q, _fmt(other["teacher"][q].get("acc_gold"))))
         for model, r in other["students"].items():
             for q in qs:
                 m = r[q]
-                lines.append("| {} | {} | {} | {} ({}) | {} | {} | {} |".format(
+                split = right = "—"
+                if "vs_gold" in m:
+                    v = m["vs_gold"]
+                    split = f"{v['differ']}: {v['student_right']} / {v['teacher_right']} / {v['neither']}"
+                    right = f"{_fmt(v['agreement_teacher_right'])} ({v['teacher_right_rows']})"
+                lines.append("| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} |".format(
                     model, q, _fmt(m["agreement"]), _fmt(m["decisive_agreement"]), _fmt(m["decisive_share"], ".2f"),
-                    _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]), _fmt(m.get("acc_gold"))))
+                    _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]), _fmt(m.get("acc_gold")), split, right))
     if report["targets"]:
         lines += ["", "## Targets (encoder int8)", "", "| target | value | goal | met |", "| --- | ---: | ---: | --- |"]
         for k, t in report["targets"].items():

@@ -201,6 +201,20 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
             assert got["acc_gold"] == pytest.approx(want, abs=1e-9), (name, q)
     assert "| accuracy vs gold |" in (student_dir / "report.md").read_text()
 
+    # Where the two disagree, who matches gold; and the agreement over the rows the teacher gets right.
+    for q in task.questions:
+        s = [top(a["answers"][q]) for a in student]
+        t = [top(a["answers"][q]) for a in teacher]
+        differ = [i for i in range(len(rows)) if s[i] != t[i]]
+        right = [i for i in range(len(rows)) if t[i] == gold[q][i]]
+        want = {"differ": len(differ), "student_right": sum(s[i] == gold[q][i] for i in differ),
+                "teacher_right": sum(t[i] == gold[q][i] for i in differ),
+                "neither": sum(gold[q][i] not in (s[i], t[i]) for i in differ), "teacher_right_rows": len(right)}
+        got = other["students"]["encoder int8"][q]["vs_gold"]
+        assert {k: got[k] for k in want} == want, q
+        assert got["agreement_teacher_right"] == pytest.approx(np.mean([s[i] == t[i] for i in right]), abs=1e-9), q
+    assert "| disagreements: student / teacher / neither right |" in (student_dir / "report.md").read_text()
+
 
 def test_an_export_past_its_tolerance_is_one_line_and_keeps_the_earlier_stages(distill_inputs, tmp_path):
     task = tmp_path / "strict.yaml"
