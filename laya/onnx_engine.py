@@ -3,8 +3,8 @@
 `laya.onnx_graph` builds the graph from the checkpoint's weights at load (a second or two at base
 size, no export step, nothing cached on disk); weights are handed to onnxruntime as views of the
 memory-mapped file or of one converted copy, which it prepacks for its GEMM kernels. A call runs the
-main graph over every row at once (in chunks of at most `MAX_TOKENS` tokens, which cannot change a
-row's result), computes the act features per row here, then the act head. See `laya.onnx_graph`
+main graph over every row at once (in chunks of `chunk_tokens` tokens, which cannot change a row's
+result), computes the act features per row here, then the act head. See `laya.onnx_graph`
 for why the result of a row does not depend on the other rows of the call.
 """
 
@@ -24,7 +24,19 @@ from laya.precision import Plan, detect
 from laya.rows import Row
 from laya.weights import SafeTensors
 
-MAX_TOKENS = 4096     # tokens per session run: bounds activation memory; a row's result cannot depend on it
+# Tokens per session run, per intra-op thread, capped at MAX_TOKENS (which bounds activation memory).
+# Why per thread: one thread runs a long packed call fastest in ~512-token chunks (each GEMM's activations
+# stay cache-sized: at 4,096 tokens base-size int8 ran 0.87x as fast as request by request), while more
+# threads need longer chunks to keep them all busy (2 threads: 1.6x at 1,024-4,096 tokens, 1.4x at 512).
+# Measured on a base-size and the laya-mini checkpoint, docs/benchmarks.md#serving.
+TOKENS_PER_THREAD = 512
+MAX_TOKENS = 4096
+
+
+def chunk_tokens(threads: int) -> int:
+    """The token budget of one session run for `threads` intra-op threads (0: onnxruntime's default,
+    one per core)."""
+    return min(MAX_TOKENS, TOKENS_PER_THREAD * max(1, threads or os.cpu_count() or 1))
 
 
 def default_threads() -> int:
@@ -52,6 +64,7 @@ class OnnxEngine:
         graph = LayaGraph(self.weights, self.spec, config, quantize, self.weight_bits)
         check_shapes(graph.tensor_shapes(), {n: self.weights.shape(n) for n in self.weights}, weights_path)
         self.threads = default_threads() if threads is None else threads
+        self.chunk_tokens = chunk_tokens(self.threads)
         self._keep: list[Any] = []
         self.session = self._session(ort, *graph.build())
         self.act_session = self._session(ort, *graph.build_act_head())
@@ -73,7 +86,7 @@ class OnnxEngine:
 
     def describe(self) -> dict:
         out = {**self.plan.summary(), "threads": self.threads or "onnxruntime default",
-               "load_s": round(self.load_s, 2)}
+               "load_s": round(self.load_s, 2), "tokens_per_run": self.chunk_tokens}
         if self.plan.precision == "int8":
             out["int8"] = {"weights": f"per output channel, {self.weight_bits}-bit",
                            "activations": "per token, 8-bit", "accumulation": "int32"}
@@ -84,7 +97,7 @@ class OnnxEngine:
         start = 0
         while start < len(rows):
             end, tokens = start, 0
-            while end < len(rows) and (end == start or tokens + rows[end].n_tokens <= MAX_TOKENS):
+            while end < len(rows) and (end == start or tokens + rows[end].n_tokens <= self.chunk_tokens):
                 tokens += rows[end].n_tokens
                 end += 1
             out.extend(self._run(rows[start:end]))

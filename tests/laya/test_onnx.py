@@ -120,12 +120,18 @@ def softmax(x):
 
 @pytest.mark.parametrize("precision", ["exact", "int8"])
 def test_chunked_calls_change_no_bit(laya_tiny_modernbert, monkeypatch, precision):
-    """Rows are run in chunks of at most MAX_TOKENS tokens; where the cuts fall must not matter."""
-    import laya.onnx_engine as engine
-
+    """Rows are run in chunks of `chunk_tokens` tokens; where the cuts fall must not matter."""
     agent = laya.load(laya_tiny_modernbert, precision=precision)
     rows = [r for s in STATES * 3 for r in agent.prepare(s, QUESTIONS).rows]
+    monkeypatch.setattr(agent.engine, "chunk_tokens", 10**6)     # one run over all rows
     whole = agent.forward(rows)
-    monkeypatch.setattr(engine, "MAX_TOKENS", 150)
+    monkeypatch.setattr(agent.engine, "chunk_tokens", 150)
     for a, b in zip(whole, agent.forward(rows)):
         assert np.array_equal(a.logits, b.logits) and np.array_equal(a.act_probabilities, b.act_probabilities)
+
+
+def test_chunks_grow_with_threads_up_to_the_cap():
+    from laya.onnx_engine import MAX_TOKENS, TOKENS_PER_THREAD, chunk_tokens
+
+    assert chunk_tokens(1) == TOKENS_PER_THREAD and chunk_tokens(2) == 2 * TOKENS_PER_THREAD
+    assert chunk_tokens(64) == MAX_TOKENS and chunk_tokens(0) >= TOKENS_PER_THREAD
