@@ -363,11 +363,13 @@ def test_rows_with_processors_and_constraints_equal_their_solo_runs(tiny_llama):
     assert [o.token_ids for o in together] == [o.token_ids for o in solo]
     # log-probabilities of the raw distribution, constrained (0, 6) or not (4). Not bit for bit: the model's
     # forward over 7 rows is not the forward over 1 (CPU matmuls of another shape round differently); the
-    # sampler itself leaves an unconstrained row's logits untouched (test_the_sampler_edits_only_...)
+    # sampler itself leaves an unconstrained row's logits untouched (test_the_sampler_edits_only_...). How far
+    # that rounding goes depends on the CPU's kernels: under 1e-5 on an AVX2 Zen3, up to 1.03e-5 (1 thread)
+    # and 6.2e-6 (2 threads) on an AVX-512 Zen 5, so the bound is 3e-5; a wrong row is off by far more.
     for i in (0, 4, 6):
         assert [(a["token_id"], [t for t, _ in a["top"]]) for a in together[i].logprobs] == \
             [(b["token_id"], [t for t, _ in b["top"]]) for b in solo[i].logprobs]
-        assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=1e-5)
+        assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=3e-5)
                    for a, b in zip(together[i].logprobs, solo[i].logprobs))
     assert all(t % 3 for t in together[2].token_ids)
     banned_odd = [t for t in together[-1].token_ids if t % 2 and t not in batched.eos_ids]

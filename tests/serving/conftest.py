@@ -25,8 +25,9 @@ def servers(tmp_path_factory):
         # default limits and the example policy
         "main": ServerProcess(logs / "main.log", [*model, "--policy", str(REPO / "serving/decide/policy.example.yaml"),
                                                   "--max-wait-ms", "5"]),
-        # auth on, a 2-state queue, a 1 s deadline
+        # auth on, a 2-state queue, a 1 s deadline; 256 questions (512k tokens) a request, so one can outlast it
         "guarded": ServerProcess(logs / "guarded.log", [*model, "--max-queue", "2", "--max-states", "2",
+                                                        "--max-questions", "256", "--max-request-tokens", "524288",
                                                         "--request-timeout-s", "1.0"],
                                  env={"PAGODA_API_KEY": API_KEY}),
     }

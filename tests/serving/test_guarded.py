@@ -32,13 +32,14 @@ def test_overload_503_and_deadline_504(guarded, agent, billing_questions):
     lost: dict[str, BaseException] = {}
 
     def occupy() -> None:
-        # 2 long states x 64 questions at max_len 1000: >100 GFLOP, seconds of model time on any CPU,
-        # so this request passes its 1 s deadline and the model worker stays busy meanwhile.
+        # 2 long states x 256 questions at max_len 1000 (512 rows of ~1,000 tokens, 2 forwards of 256): 64
+        # questions took 0.79 s of model time on an idle Zen 5 with AVX-512, under the 1 s deadline, so
+        # this asks 4x that: the request passes its deadline and the worker stays busy meanwhile.
         started = time.monotonic()
         try:
             heavy["r"] = requests.post(guarded.url + "/decide/batch", headers=AUTH, timeout=120, json={
                 "states": [BILLING_STATE * 40 + " one", BILLING_STATE * 40 + " two"],
-                "questions": heavy_questions(64), "max_len": 1000})
+                "questions": heavy_questions(256), "max_len": 1000})
         except BaseException as exc:  # noqa: BLE001 -- counted as lost below
             lost["heavy"] = exc
         heavy["s"] = time.monotonic() - started
