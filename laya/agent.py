@@ -3,7 +3,8 @@
 The split exists for serving's cross-request batcher: rows from many requests share one
 `forward`, and each request is finished on its own. `predict` is exactly
 `finish(p, forward(p.rows))`. The forward is an engine's (`laya.engine`): onnxruntime on CPU for
-exact and int8, torch for GPUs and bf16, chosen by `laya.precision.plan` at load. Whatever the
+exact and int8, packed bf16 GEMMs on torch for bf16 on CPU, `LayaModel` for GPUs, chosen by
+`laya.precision.plan` at load. Whatever the
 engine, a row's result is bit-identical on repeat and whatever shares its forward.
 
 This module imports no torch: on the CPU engines a process decides without ever loading it.
@@ -198,7 +199,8 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
 def _engine(path: str, config: LayaConfig, encoder_config: dict, weights_path: str, chosen: Plan,
             threads: int | None) -> Engine:
     """The engine for `chosen`. A checkpoint whose encoder the ONNX graph does not build runs exact on torch
-    (with a warning saying why); int8 has no such fallback and is refused."""
+    (with a warning saying why); int8 has no such fallback and is refused. bf16 on CPU runs packed
+    (`laya.packed_engine`), or for such an encoder `LayaModel` under autocast."""
     if chosen.backend == "onnxruntime":
         from laya.onnx_engine import OnnxEngine
         from laya.onnx_graph import Unsupported
@@ -213,6 +215,14 @@ def _engine(path: str, config: LayaConfig, encoder_config: dict, weights_path: s
 
             warnings.warn(f"{path}: {exc}; running the torch model instead", RuntimeWarning, stacklevel=3)
             chosen = Plan(chosen.requested, "exact", "torch", chosen.device, f"torch fallback: {exc}")
+    if chosen.precision == "bf16" and chosen.device == "cpu":
+        from laya.onnx_graph import Unsupported
+        from laya.packed_engine import PackedEngine
+
+        try:
+            return PackedEngine(encoder_config, config, weights_path, chosen, threads)
+        except Unsupported:
+            pass     # another encoder: LayaModel under bf16 autocast, one row per forward
     from laya.torch_engine import TorchEngine
 
     return TorchEngine.load(path, chosen, threads)

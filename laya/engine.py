@@ -1,8 +1,8 @@
 """What an inference engine gives the `Agent`: one `RowOutput` per row, whatever runs the model.
 
-Two engines exist: `laya.onnx_engine` (CPU, exact fp32 and int8, torch-free) and `laya.torch_engine`
-(the `LayaModel` module: GPUs, bf16, and encoders the ONNX graph does not build); `laya.load` picks
-one from the `laya.precision.Plan`. Both feed the act head the same four features of the option
+Three engines exist: `laya.onnx_engine` (CPU, exact fp32 and int8, torch-free), `laya.packed_engine`
+(CPU bf16: packed rows, bf16 GEMMs on torch/oneDNN) and `laya.torch_engine` (the `LayaModel` module:
+GPUs, and encoders the packed paths do not build); `laya.load` picks one from the `laya.precision.Plan`. Both feed the act head the same four features of the option
 distribution, defined once here (`act_features`; `laya.modeling_laya` has the differentiable twin).
 """
 

@@ -19,24 +19,11 @@ import numpy as np
 from laya.config import LayaConfig
 from laya.engine import RowOutput, act_features, softmax
 from laya.layout import check_shapes
-from laya.onnx_graph import EncoderSpec, LayaGraph
+from laya.onnx_graph import INPUTS, EncoderSpec, LayaGraph
+from laya.packing import chunk_tokens, pack, token_chunks
 from laya.precision import Plan, detect
 from laya.rows import Row
 from laya.weights import SafeTensors
-
-# Tokens per session run, per intra-op thread, capped at MAX_TOKENS (which bounds activation memory).
-# Why per thread: one thread runs a long packed call fastest in ~512-token chunks (each GEMM's activations
-# stay cache-sized: at 4,096 tokens base-size int8 ran 0.87x as fast as request by request), while more
-# threads need longer chunks to keep them all busy (2 threads: 1.6x at 1,024-4,096 tokens, 1.4x at 512).
-# Measured on a base-size and the laya-mini checkpoint, docs/benchmarks.md#serving.
-TOKENS_PER_THREAD = 512
-MAX_TOKENS = 4096
-
-
-def chunk_tokens(threads: int) -> int:
-    """The token budget of one session run for `threads` intra-op threads (0: onnxruntime's default,
-    one per core)."""
-    return min(MAX_TOKENS, TOKENS_PER_THREAD * max(1, threads or os.cpu_count() or 1))
 
 
 def default_threads() -> int:
@@ -93,38 +80,12 @@ class OnnxEngine:
         return out
 
     def forward(self, rows: list[Row]) -> list[RowOutput]:
-        out: list[RowOutput] = []
-        start = 0
-        while start < len(rows):
-            end, tokens = start, 0
-            while end < len(rows) and (end == start or tokens + rows[end].n_tokens <= self.chunk_tokens):
-                tokens += rows[end].n_tokens
-                end += 1
-            out.extend(self._run(rows[start:end]))
-            start = end
-        return out
+        return [out for chunk in token_chunks(rows, self.chunk_tokens) for out in self._run(chunk)]
 
     def _run(self, rows: list[Row]) -> list[RowOutput]:
-        lengths = np.array([r.n_tokens for r in rows], dtype=np.int64)
-        row_starts = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=row_starts[1:])
-        picks = [np.concatenate([[0], r.markers]).astype(np.int64) + row_starts[i] for i, r in enumerate(rows)]
-        select_starts = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in picks], out=select_starts[1:])
-        is_cls = np.zeros(select_starts[-1], dtype=bool)
-        is_cls[select_starts[:-1]] = True
-        feeds = {
-            "input_ids": np.fromiter((t for r in rows for t in r.input_ids), dtype=np.int64, count=int(row_starts[-1])),
-            "positions": np.concatenate([np.arange(n, dtype=np.int64) for n in lengths]),
-            "token_qtype": np.repeat(np.array([r.qtype for r in rows], dtype=np.int64), lengths),
-            "row_starts": row_starts,
-            "select": np.concatenate(picks),
-            "select_starts": select_starts,
-            "marker_select": np.flatnonzero(~is_cls).astype(np.int64),
-            "cls_select": select_starts[:-1].copy(),
-        }
-        logits, cls = self.session.run(None, feeds)
-        bounds = np.cumsum([0] + [len(r.markers) for r in rows])
+        packed = pack(rows)
+        logits, cls = self.session.run(None, {name: getattr(packed, name) for name in INPUTS})
+        bounds = np.cumsum([0] + packed.marker_counts)
         per_row = [logits[bounds[i]:bounds[i + 1]].copy() for i in range(len(rows))]
         features = np.stack([act_features(lg) for lg in per_row])
         act = self.act_session.run(None, {"cls": cls, "features": features})[0]

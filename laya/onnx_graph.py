@@ -128,6 +128,13 @@ class EncoderSpec:
                        type_vocab=int(cfg.get("type_vocab_size", 2)))
         raise Unsupported(f"encoder model_type {kind!r} (the ONNX path builds modernbert and bert)")
 
+    def rope_tables(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of position * inverse frequency, [max positions, head_dim / 2], as transformers computes."""
+        hd = self.head_dim
+        inv_freq = (1.0 / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))))
+        freqs = np.arange(self.max_positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None]
+        return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """The encoder's checkpoint tensors (`encoder.*`), as transformers names and shapes them."""
         d, i, p = self.hidden, self.intermediate, "encoder."
@@ -439,13 +446,6 @@ class LayaGraph:
                    domain=MS_DOMAIN, interleaved=0, num_heads=h)
         return b.op("Squeeze", out, b.const([0], np.int64))
 
-    def _rope_tables(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin of position * inverse frequency, [max positions, head_dim / 2], as transformers computes."""
-        hd = self.spec.head_dim
-        inv_freq = (1.0 / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))))
-        freqs = np.arange(self.spec.max_positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None]
-        return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
-
     def _embedding(self, name: str, ids: str) -> str:
         """Rows of an embedding table; an F16 table stays F16 in memory and rows are widened as read."""
         if self.w.dtype(name) != "F16":
@@ -461,7 +461,7 @@ class LayaGraph:
         tables = {}
         pos = b.op("Unsqueeze", positions, b.const([0], np.int64))
         for t in sorted(set(s.layer_types)):
-            cos, sin = self._rope_tables(s.rope_theta[t])
+            cos, sin = s.rope_tables(s.rope_theta[t])
             tables[t] = (b.weight(cos, "cos"), b.weight(sin, "sin"))
         bias = (lambda n: n) if s.attention_bias else (lambda n: None)
         for i, t in enumerate(s.layer_types):

@@ -100,7 +100,8 @@ def requested_precision(precision: str | None) -> str:
 def plan(precision: str | None, device: str = "cpu", cpu: CpuFeatures | None = None) -> Plan:
     """Resolve a request into a runnable plan, or refuse with what is missing.
 
-    On CPU, exact and int8 run on onnxruntime (packed rows, prepacked weights); bf16 runs on torch. On a
+    On CPU, exact and int8 run on onnxruntime (packed rows, prepacked weights); bf16 runs packed rows on
+    torch's oneDNN bf16 GEMMs (`laya.packed_engine`). On a
     GPU everything is torch: exact is fp32, bf16 autocasts, int8 has no kernels here and is refused.
     """
     requested = requested_precision(precision)

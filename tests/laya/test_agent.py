@@ -1,11 +1,12 @@
 """The Agent API others build on: load, predict, the prepare/forward/finish split, batching, determinism.
 
-Every engine is held to the same determinism: onnxruntime exact and int8 (the CPU paths) and the torch
-module (GPUs, bf16, fallback), each bit-identical on repeat and whatever shares a forward.
+Every engine is held to the same determinism: onnxruntime exact and int8 (the CPU paths), the packed bf16
+engine (CPUs with bf16 units) and the torch module (GPUs, fallback), each bit-identical on repeat and
+whatever shares a forward.
 """
 
 import pytest
-from engine_support import torch_agent
+from engine_support import bf16_agent, torch_agent
 
 import laya
 from laya.scenarios import load as scenario
@@ -14,11 +15,13 @@ STATE, QUESTIONS = scenario("billing")
 
 
 @pytest.fixture(scope="module", params=[(arch, engine) for arch in ("modernbert", "bert")
-                                        for engine in ("exact", "int8", "torch")], ids=lambda p: "-".join(p))
+                                        for engine in ("exact", "int8", "bf16", "torch")], ids=lambda p: "-".join(p))
 def agent(request, laya_tiny_modernbert, laya_tiny_bert):
     arch, engine = request.param
     path = laya_tiny_modernbert if arch == "modernbert" else laya_tiny_bert
-    return torch_agent(path) if engine == "torch" else laya.load(path, precision=engine)
+    if engine in ("torch", "bf16"):
+        return torch_agent(path) if engine == "torch" else bf16_agent(path)
+    return laya.load(path, precision=engine)
 
 
 def test_predict_shape(agent):

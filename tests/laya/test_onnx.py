@@ -131,7 +131,7 @@ def test_chunked_calls_change_no_bit(laya_tiny_modernbert, monkeypatch, precisio
 
 
 def test_chunks_grow_with_threads_up_to_the_cap():
-    from laya.onnx_engine import MAX_TOKENS, TOKENS_PER_THREAD, chunk_tokens
+    from laya.packing import MAX_TOKENS, TOKENS_PER_THREAD, chunk_tokens
 
     assert chunk_tokens(1) == TOKENS_PER_THREAD and chunk_tokens(2) == 2 * TOKENS_PER_THREAD
     assert chunk_tokens(64) == MAX_TOKENS and chunk_tokens(0) >= TOKENS_PER_THREAD

@@ -59,11 +59,14 @@ def test_variable_and_argument(monkeypatch, laya_tiny_bert):
         laya.load(laya_tiny_bert, precision="half")
 
 
-def test_bf16_runs_on_torch_deterministically(monkeypatch, laya_tiny_modernbert):
+@pytest.mark.parametrize("arch", ["modernbert", "bert"])
+def test_bf16_runs_packed_deterministically(monkeypatch, laya_tiny_modernbert, laya_tiny_bert, arch):
+    path = laya_tiny_modernbert if arch == "modernbert" else laya_tiny_bert
     monkeypatch.setattr(precision, "detect", lambda: AMX)
-    agent = laya.load(laya_tiny_modernbert, precision="fast")
-    assert agent.plan.precision == "bf16" and agent.engine.describe()["rows_per_forward"] == 1
-    exact = laya.load(laya_tiny_modernbert)
+    agent = laya.load(path, precision="fast")
+    described = agent.engine.describe()
+    assert agent.plan.precision == "bf16" and described["rows_per_forward"] == "packed", described
+    exact = laya.load(path)
     states = [STATE, "the server is down", ["user: hi", "user: cancel"]]
     rows = [r for s in states for r in agent.prepare(s, QUESTIONS).rows]
     together, again = agent.forward(rows), agent.forward(rows)
@@ -73,3 +76,35 @@ def test_bf16_runs_on_torch_deterministically(monkeypatch, laya_tiny_modernbert)
         assert np.array_equal(a.act_probabilities, c.act_probabilities)
     gap = max(np.abs(a.logits - r.logits).max() for a, r in zip(together, exact.forward(rows)))
     assert 0 < gap < 0.3, gap   # really bf16, and close
+
+
+def test_bf16_packed_and_autocast_paths_agree(monkeypatch, laya_tiny_modernbert):
+    """The packed engine and `LayaModel` under bf16 autocast (what a GPU, or an encoder the packed engine does
+    not build, runs) round differently but compute the same model."""
+    from laya.torch_engine import TorchEngine
+
+    monkeypatch.setattr(precision, "detect", lambda: AMX)
+    packed = laya.load(laya_tiny_modernbert, precision="bf16")
+    autocast = TorchEngine.load(laya_tiny_modernbert, packed.plan)
+    rows = packed.prepare(STATE, QUESTIONS).rows
+    for a, b in zip(packed.forward(rows), autocast.forward(rows)):
+        assert np.abs(a.logits - b.logits).max() < 0.3
+
+
+def test_prepacked_bf16_weights_give_the_plain_gemm_bits():
+    """oneDNN's reordered weight layout is a speed choice only: every row's bits equal F.linear's, for any row
+    count and any place of the row in the matrix."""
+    import torch
+    import torch.nn.functional as F
+
+    from laya import packed_engine
+
+    if not packed_engine._can_prepack():
+        pytest.skip("this torch's oneDNN has no bf16 linear kernels: the engine runs F.linear")
+    torch.manual_seed(0)
+    w, x = torch.randn(96, 64), torch.randn(300, 64)
+    lin = packed_engine.Bf16Linear(w, None)
+    full = lin(x)
+    assert torch.equal(full, F.linear(x.bfloat16(), w.bfloat16()).float())
+    for rows, offset in ((1, 0), (7, 3), (64, 100), (129, 40), (299, 1)):
+        assert torch.equal(lin(x[offset:offset + rows]), full[offset:offset + rows])

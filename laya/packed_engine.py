@@ -1,0 +1,282 @@
+"""bf16 decisions on CPU: the Laya model over packed rows in torch, from the checkpoint's weights.
+
+Why not `LayaModel` under autocast (what `laya.torch_engine` does, and what a GPU still runs): on CPU
+that path ran one padded row per forward (oneDNN's kernels had to see fixed shapes), re-read every
+weight once per row and spent a third of its time outside the matmuls (autocast copies, padding,
+transformers' per-call bookkeeping). Here, as in `laya.onnx_graph`, every row of a call is packed into
+one token axis without padding, so each weight is one bf16 GEMM over all tokens at once (weights are
+converted to bf16 once, at load), attention runs row by row over exactly that row's tokens, and every
+other op works token by token.
+
+Why a row's bits cannot depend on its batch mates: oneDNN's bf16 GEMM computes each output row with
+the same kernel and the same reduction order whatever the row count M and the row's place in the
+matrix (checked by the tests, as for onnxruntime's kernels), layer norms and activations are per
+token, and attention never sees another row. What stays fp32: the residual stream, layer norms,
+rotary embeddings, attention, and the output layers (scorer, act head), which are a sliver of the
+FLOPs. What is bf16: the inputs and outputs of the large linears, i.e. almost all of the arithmetic.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from laya.config import LayaConfig
+from laya.engine import RowOutput, act_features, softmax
+from laya.layout import check_shapes
+from laya.onnx_graph import EncoderSpec, LayaGraph
+from laya.packing import Packed, chunk_tokens, pack, token_chunks
+from laya.precision import Plan
+from laya.rows import Row
+from laya.weights import SafeTensors
+
+HEAD_EPS = 1e-5     # nn.TransformerEncoderLayer / nn.LayerNorm defaults, as LayaModel's head uses them
+_ACT = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+
+
+class PackedEngine:
+    def __init__(self, encoder_config: dict[str, Any], config: LayaConfig, weights_path: str, plan: Plan,
+                 threads: int | None = None):
+        started = time.perf_counter()
+        self.plan = plan
+        self.config = config
+        self.spec = EncoderSpec.from_config(encoder_config)    # raises Unsupported for other encoders
+        self.weights = SafeTensors(weights_path)
+        check_shapes(LayaGraph(self.weights, self.spec, config).tensor_shapes(),
+                     {n: self.weights.shape(n) for n in self.weights}, weights_path)
+        if threads:
+            torch.set_num_threads(threads)
+        self.threads = torch.get_num_threads()
+        self.chunk_tokens = chunk_tokens(self.threads)
+        self.head_heads = max(1, self.spec.hidden // 64)
+        self._load()
+        self.weights.release()
+        self.load_s = time.perf_counter() - started
+
+    # -- weights ------------------------------------------------------------------------------------
+
+    def _f32(self, name: str) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.weights.float32(name), dtype=np.float32))
+
+    def _linear(self, weights: list[str], biases: list[str] | None = None, enabled: bool = True,
+                rows: slice | None = None) -> Bf16Linear:
+        """One bf16 linear from checkpoint weights [out, in], several stacked along `out` (q, k and v as one
+        GEMM); `rows` takes a range of the outputs; biases only if `enabled` and stored."""
+        w = torch.cat([self._f32(n) for n in weights])
+        b = None
+        if biases and enabled and all(n in self.weights for n in biases):
+            b = torch.cat([self._f32(n) for n in biases])
+        if rows is not None:
+            w, b = w[rows], (b[rows] if b is not None else None)
+        return Bf16Linear(w, b)
+
+    def _load(self) -> None:
+        s, p = self.spec, "encoder."
+        L = self._linear
+        self.layers: list[dict[str, Any]] = []
+        if s.arch == "modernbert":
+            e = p + "embeddings."
+            stored = self.weights.dtype(e + "tok_embeddings.weight")
+            self.tok_emb = self._f32(e + "tok_embeddings.weight").to(torch.float16 if stored == "F16" else torch.float32)
+            self.emb_norm = self._norm_params(e + "norm", s.norm_bias)
+            self.rope = {t: tuple(torch.from_numpy(a) for a in s.rope_tables(s.rope_theta[t])) for t in set(s.layer_types)}
+            for i, t in enumerate(s.layer_types):
+                lp = f"{p}layers.{i}."
+                self.layers.append({
+                    "type": t, "attn_norm": self._norm_params(lp + "attn_norm", s.norm_bias) if i else None,
+                    "qkv": L([lp + "attn.Wqkv.weight"], [lp + "attn.Wqkv.bias"], s.attention_bias),
+                    "out": L([lp + "attn.Wo.weight"], [lp + "attn.Wo.bias"], s.attention_bias),
+                    "mlp_norm": self._norm_params(lp + "mlp_norm", s.norm_bias),
+                    "wi": L([lp + "mlp.Wi.weight"], [lp + "mlp.Wi.bias"], s.mlp_bias),
+                    "wo": L([lp + "mlp.Wo.weight"], [lp + "mlp.Wo.bias"], s.mlp_bias)})
+            self.final_norm = self._norm_params(p + "final_norm", s.norm_bias)
+        else:
+            e = p + "embeddings."
+            self.word_emb = self._f32(e + "word_embeddings.weight")
+            self.pos_emb = self._f32(e + "position_embeddings.weight")
+            self.type_row = self._f32(e + "token_type_embeddings.weight")[0]
+            self.emb_norm = self._norm_params(e + "LayerNorm")
+            for i in range(s.layers):
+                lp = f"{p}encoder.layer.{i}."
+                qkv = [lp + f"attention.self.{n}" for n in ("query", "key", "value")]
+                self.layers.append({
+                    "qkv": L([n + ".weight" for n in qkv], [n + ".bias" for n in qkv]),
+                    "out": L([lp + "attention.output.dense.weight"], [lp + "attention.output.dense.bias"]),
+                    "norm1": self._norm_params(lp + "attention.output.LayerNorm"),
+                    "wi": L([lp + "intermediate.dense.weight"], [lp + "intermediate.dense.bias"]),
+                    "wo": L([lp + "output.dense.weight"], [lp + "output.dense.bias"]),
+                    "norm2": self._norm_params(lp + "output.LayerNorm")})
+        self.type_emb = self._f32("type_emb.weight")
+        d = s.hidden
+        self.head: list[dict[str, Any]] = []
+        for i in range(self.config.head_layers):
+            lp = f"head.layers.{i}."
+            w_in, b_in = [lp + "self_attn.in_proj_weight"], [lp + "self_attn.in_proj_bias"]
+            last = i == self.config.head_layers - 1      # read at [CLS] and the markers only: q apart from k, v
+            projections = ({"q": L(w_in, b_in, rows=slice(0, d)), "kv": L(w_in, b_in, rows=slice(d, 3 * d))} if last
+                           else {"qkv": L(w_in, b_in)})
+            self.head.append({
+                "norm1": self._norm_params(lp + "norm1"), **projections,
+                "out": L([lp + "self_attn.out_proj.weight"], [lp + "self_attn.out_proj.bias"]),
+                "norm2": self._norm_params(lp + "norm2"),
+                "w1": L([lp + "linear1.weight"], [lp + "linear1.bias"]), "w2": L([lp + "linear2.weight"], [lp + "linear2.bias"])})
+        self.scorer = [self._f32(n) for n in ("scorer.0.weight", "scorer.0.bias", "scorer.1.weight", "scorer.1.bias",
+                                              "scorer.3.weight", "scorer.3.bias")]
+        self.act_head = [self._f32(n) for n in ("act_head.0.weight", "act_head.0.bias", "act_head.2.weight",
+                                                "act_head.2.bias")]
+
+    def _norm_params(self, prefix: str, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._f32(prefix + ".weight"), (self._f32(prefix + ".bias") if bias and prefix + ".bias" in self.weights
+                                               else None)
+
+    def describe(self) -> dict:
+        return {**self.plan.summary(), "threads": self.threads, "load_s": round(self.load_s, 2),
+                "tokens_per_run": self.chunk_tokens, "rows_per_forward": "packed",
+                "bf16": {"linears": "bf16 weights and inputs (oneDNN)",
+                         "fp32": "residual stream, norms, attention, scorer and act head"}}
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, rows: list[Row]) -> list[RowOutput]:
+        return [out for chunk in token_chunks(rows, self.chunk_tokens) for out in self._run(pack(chunk))]
+
+    def _run(self, b: Packed) -> list[RowOutput]:
+        ids, positions = torch.from_numpy(b.input_ids), torch.from_numpy(b.positions)
+        starts = b.row_starts.tolist()
+        h = self._modernbert(ids, positions, starts) if self.spec.arch == "modernbert" else self._bert(ids, positions, starts)
+        h = h + self.type_emb[torch.from_numpy(b.token_qtype)]
+        d = self.spec.hidden
+        for layer in self.head[:-1]:
+            a = _norm(h, layer["norm1"], HEAD_EPS)
+            q, k, v = layer["qkv"](a).split(d, -1)
+            h = h + layer["out"](_attention(q, k, v, starts, starts, self.head_heads))
+            h = h + layer["w2"](F.relu(layer["w1"](_norm(h, layer["norm2"], HEAD_EPS))))
+        select = torch.from_numpy(b.select)
+        picked = h[select]
+        if self.head:
+            # The last head layer is read only at [CLS] and the markers (as `LayaModel.infer`).
+            last = self.head[-1]
+            a = _norm(h, last["norm1"], HEAD_EPS)
+            k, v = last["kv"](a).split(d, -1)
+            attn = _attention(last["q"](a[select]), k, v, b.select_starts.tolist(), starts, self.head_heads)
+            picked = picked + last["out"](attn)
+            picked = picked + last["w2"](F.relu(last["w1"](_norm(picked, last["norm2"], HEAD_EPS))))
+        n0, b0, w1, b1, w3, b3 = self.scorer
+        markers = picked[torch.from_numpy(b.marker_select)]
+        z = F.gelu(_fp32_rows(F.layer_norm(markers, (d,), n0, b0, HEAD_EPS), w1, b1))
+        logits = _fp32_rows(z, w3, b3)[:, 0].numpy()
+        cls = picked[torch.from_numpy(b.cls_select)]
+        bounds = np.cumsum([0] + b.marker_counts)
+        per_row = [logits[bounds[i]:bounds[i + 1]].copy() for i in range(len(b.marker_counts))]
+        features = torch.from_numpy(np.stack([act_features(lg) for lg in per_row]))
+        a0, ab0, a2, ab2 = self.act_head
+        act = _fp32_rows(F.gelu(_fp32_rows(torch.cat([cls, features], -1), a0, ab0)), a2, ab2).numpy()
+        return [RowOutput(lg, softmax(a)) for lg, a in zip(per_row, act)]
+
+    def _modernbert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:
+        s = self.spec
+        x = _norm(self.tok_emb[ids].float(), self.emb_norm, s.eps)
+        rope = {t: (cos[positions], sin[positions]) for t, (cos, sin) in self.rope.items()}
+        for layer in self.layers:
+            a = x if layer["attn_norm"] is None else _norm(x, layer["attn_norm"], s.eps)
+            q, k, v = layer["qkv"](a).split(s.hidden, -1)
+            cos, sin = rope[layer["type"]]
+            window = s.window if layer["type"] == "sliding_attention" else None
+            attn = _attention(_rotary(q, cos, sin, s.heads), _rotary(k, cos, sin, s.heads), v, starts, starts, s.heads,
+                              window)
+            x = x + layer["out"](attn)
+            inp, gate = layer["wi"](_norm(x, layer["mlp_norm"], s.eps)).split(s.intermediate, -1)
+            x = x + layer["wo"](_ACT[s.activation](inp) * gate)
+        return _norm(x, self.final_norm, s.eps)
+
+    def _bert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:
+        s = self.spec
+        x = _norm(self.word_emb[ids] + self.type_row + self.pos_emb[positions], self.emb_norm, s.eps)
+        for layer in self.layers:
+            q, k, v = layer["qkv"](x).split(s.hidden, -1)
+            x = _norm(layer["out"](_attention(q, k, v, starts, starts, s.heads)) + x, layer["norm1"], s.eps)
+            x = _norm(layer["wo"](_ACT[s.activation](layer["wi"](x))) + x, layer["norm2"], s.eps)
+        return x
+
+
+class Bf16Linear:
+    """x @ W.T (+ b) with bf16 inputs and weights and an fp32 result (the bias is added in fp32).
+
+    The weight is reordered once, at load, into oneDNN's blocked layout when this torch can
+    (`mkldnn._reorder_linear_weight`: 5-15% faster GEMMs at 64-512 rows on a Zen 5, and the same bits
+    as the plain call, which the tests check); a CPU whose oneDNN has no bf16 kernels keeps the
+    plain matrix and F.linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        weight = weight.to(torch.bfloat16).contiguous()
+        self.bias = bias
+        self.weight, self.packed = (None, torch.ops.mkldnn._reorder_linear_weight(weight, PREPACK_ROWS)) \
+            if _can_prepack() else (weight, None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
+        if self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        else:
+            y = F.linear(x, self.weight)
+        y = y.float()
+        return y if self.bias is None else y + self.bias
+
+
+PREPACK_ROWS = 512     # the row count oneDNN's weight layout is chosen for; any count runs on it
+
+
+@lru_cache(maxsize=1)
+def _can_prepack() -> bool:
+    try:
+        w = torch.ones(16, 16, dtype=torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS)
+        y = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=torch.bfloat16), packed, None, "none", [], "")
+        return bool((y == 16).all())
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _fp32_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A small fp32 linear computed row by row as matrix-vector products: a BLAS may pick its GEMM kernel
+    (and so its rounding) by the row count, a row's own product cannot depend on the others."""
+    return torch.stack([torch.mv(w, row) for row in x]) + b if len(x) else x.new_zeros((0, w.size(0)))
+
+
+def _norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None], eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.size(-1),), wb[0], wb[1], eps)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rotate-half rotary embedding of [T, heads * hd] by each token's own position (cos/sin [T, hd / 2])."""
+    t = x.unflatten(-1, (heads, -1))
+    x1, x2 = t.chunk(2, -1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).flatten(-2)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_starts: list[int], kv_starts: list[int],
+               heads: int, window: int | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) v row by row, fp32: row r's queries q[q_starts[r]:q_starts[r+1]] attend to its
+    own keys k[kv_starts[r]:kv_starts[r+1]]; `window`: only |i - j| <= window (queries and keys of one row).
+    Written out (two bmm and a softmax) rather than through SDPA, whose CPU kernels take 4-D inputs only and
+    whose fallback spent ~40% more time per row on mask checks at these sizes."""
+    out = []
+    scale = (q.size(-1) // heads) ** -0.5
+    for r in range(len(q_starts) - 1):
+        qr = q[q_starts[r]:q_starts[r + 1]].unflatten(-1, (heads, -1)).transpose(0, 1)
+        kr = k[kv_starts[r]:kv_starts[r + 1]].unflatten(-1, (heads, -1)).permute(1, 2, 0)
+        vr = v[kv_starts[r]:kv_starts[r + 1]].unflatten(-1, (heads, -1)).transpose(0, 1)
+        scores = torch.bmm(qr, kr).mul_(scale)
+        n = kr.size(-1)
+        if window is not None and n > window + 1:
+            idx = torch.arange(n)
+            scores.masked_fill_((idx[:, None] - idx[None, :]).abs() > window, float("-inf"))
+        out.append(torch.bmm(torch.softmax(scores, -1), vr).transpose(0, 1).flatten(-2))
+    return torch.cat(out)
