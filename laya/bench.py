@@ -32,6 +32,10 @@ from laya.precision import detect, plan
 from laya.scenarios import load as scenario
 
 WARMUP = 5
+# Idle time before each timed call. Runtimes that just finished keep their worker threads spinning for a
+# while (onnxruntime's pool, OpenMP); on a 2-core machine at 2 threads those spins took cores from the next
+# runtime in the alternation (bf16 measured 143 ms p50 there, 69-85 ms after a pause).
+SETTLE_S = 0.05
 DEFAULT_REFERENCE = Path(".refvenv") / "bin" / "python"   # `make fixtures` creates it in the repo root
 AGREEMENT_FILE = Path(__file__).resolve().parent / "scenarios" / "agreement.json"
 
@@ -244,10 +248,13 @@ def run(model: str | None, iters: int = 20, device: str = "cpu", reference: str 
     try:
         for _ in range(iters):
             for name, agent in agents.items():
+                time.sleep(SETTLE_S)
                 times[name] += timed(lambda a=agent: a.predict(state, questions), 1)
             if ref is not None:
+                time.sleep(SETTLE_S)
                 theirs += ref.time(1)
             if probe is not None:
+                time.sleep(SETTLE_S)
                 rates.append(probe.rate())
     finally:
         if ref is not None:
