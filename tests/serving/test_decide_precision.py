@@ -1,4 +1,5 @@
-"""`--precision`: validated by name, honoured by a real server, and int8 batches stay bit-identical to alone."""
+"""`--precision`: validated by name, honoured by a real server, and int8 and bf16 batches stay bit-identical to
+alone."""
 
 from __future__ import annotations
 
@@ -20,9 +21,22 @@ def test_precision_setting_is_checked_and_read_from_the_environment():
     assert DecideConfig.from_sources({"precision": "exact"}, {"PAGODA_PRECISION": "int8"}).precision == "exact"
 
 
-def test_int8_batches_equal_int8_alone(billing_questions):
+def _packed_bf16_agent(path):
+    """laya's packed bf16 engine whatever this CPU has (`laya.load` refuses bf16 without bf16 units)."""
+    from laya.agent import Agent
+    from laya.layout import read_parts
+    from laya.packed_engine import PackedEngine
+    from laya.precision import Plan
+
+    config, encoder_config, tokenizer, weights_path = read_parts(str(path))
+    return Agent(PackedEngine(encoder_config, config, weights_path, Plan("bf16", "bf16", "torch", "cpu", "test")),
+                 tokenizer, config, source=str(path))
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_batches_equal_alone(billing_questions, precision):
     """What the batcher runs for a batch (`LayaBackend.run` over many requests' units) against each alone."""
-    agent = laya.load(TINY_BERT, precision="int8")
+    agent = laya.load(TINY_BERT, precision="int8") if precision == "int8" else _packed_bf16_agent(TINY_BERT)
     backend = LayaBackend(agent, "tiny")
     work = [backend.prepare(f"{BILLING_STATE[: 12 + 9 * i]} #{i}", billing_questions, {}) for i in range(10)]
     together = backend.run(work)
@@ -77,3 +91,17 @@ def test_bench_serve_modes_skip_the_llm_and_read_the_precision(monkeypatch, flag
         assert flags[flags.index("--generate-model") + 1] == "none"
         assert flags[flags.index("--precision") + 1] == precision
     assert started[-1][:2] == ["laya-serve", "/ref/bin/python"]
+
+
+@pytest.mark.skipif(not __import__("laya.precision").precision.detect().bf16_units,
+                    reason="bf16 is served only on a CPU with AMX-BF16 or AVX512-BF16")
+def test_server_answers_bf16_packed(tmp_path, billing_questions):
+    server = ServerProcess(tmp_path / "bf16.log", ["--model", str(TINY_BERT), "--precision", "fast"]).running()
+    try:
+        engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
+        assert (engine["precision"], engine["requested"], engine["rows_per_forward"]) == ("bf16", "fast", "packed")
+        got = requests.post(server.url + "/decide", json={"state": BILLING_STATE, "questions": billing_questions},
+                            timeout=60).json()
+        assert got["answers"] == laya.load(TINY_BERT, precision="bf16").predict(BILLING_STATE, billing_questions)["answers"]
+    finally:
+        server.stop()
