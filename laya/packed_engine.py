@@ -27,15 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from laya.config import LayaConfig
-from laya.engine import RowOutput, act_features, softmax
+from laya.engine import HEAD_DIM, RowOutput, act_features, softmax
 from laya.layout import check_shapes
-from laya.onnx_graph import EncoderSpec, LayaGraph
+from laya.onnx_graph import HEAD_EPS, EncoderSpec, LayaGraph
 from laya.packing import Packed, chunk_tokens, pack, token_chunks
 from laya.precision import Plan
 from laya.rows import Row
 from laya.weights import SafeTensors
 
-HEAD_EPS = 1e-5     # nn.TransformerEncoderLayer / nn.LayerNorm defaults, as LayaModel's head uses them
 _ACT = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 
 
@@ -53,7 +52,7 @@ class PackedEngine:
             torch.set_num_threads(threads)
         self.threads = torch.get_num_threads()
         self.chunk_tokens = chunk_tokens(self.threads)
-        self.head_heads = max(1, self.spec.hidden // 64)
+        self.head_heads = max(1, self.spec.hidden // HEAD_DIM)
         self._load()
         self.weights.release()
         self.load_s = time.perf_counter() - started
