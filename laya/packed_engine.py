@@ -168,7 +168,7 @@ class PackedEngine:
             picked = picked + last["w2"](F.relu(last["w1"](_norm(picked, last["norm2"], HEAD_EPS))))
         n0, b0, w1, b1, w3, b3 = self.scorer
         markers = picked[torch.from_numpy(b.marker_select)]
-        z = F.gelu(_fp32_rows(F.layer_norm(markers, (d,), n0, b0, HEAD_EPS), w1, b1))
+        z = F.gelu(_fp32_rows(_norm(markers, (n0, b0), HEAD_EPS), w1, b1))
         logits = _fp32_rows(z, w3, b3)[:, 0].numpy()
         cls = picked[torch.from_numpy(b.cls_select)]
         bounds = np.cumsum([0] + b.marker_counts)
