@@ -221,8 +221,11 @@ def _engine(path: str, config: LayaConfig, encoder_config: dict, weights_path: s
 
         try:
             return PackedEngine(encoder_config, config, weights_path, chosen, threads)
-        except Unsupported:
-            pass     # another encoder: LayaModel under bf16 autocast, one row per forward
+        except Unsupported as exc:
+            import warnings
+
+            warnings.warn(f"{path}: {exc}; running bf16 on the torch model (autocast, one row per forward)",
+                          RuntimeWarning, stacklevel=3)
     from laya.torch_engine import TorchEngine
 
     return TorchEngine.load(path, chosen, threads)

@@ -148,6 +148,19 @@ def build_base_checkpoint(path: str | os.PathLike, seed: int = 0) -> str:
                             local_attention=128, tokenizer_dir=str(minilm_dir()), encoder_overrides=MODERNBERT_BASE)
 
 
+def packed_bf16_agent(path: str | os.PathLike):
+    """An `Agent` on the packed bf16 engine whatever this CPU has: `laya.load` runs bf16 only where the CPU
+    has bf16 units; elsewhere oneDNN emulates bf16, slowly but under the same determinism rules."""
+    from laya.agent import Agent
+    from laya.layout import read_parts
+    from laya.packed_engine import PackedEngine
+    from laya.precision import Plan
+
+    config, encoder_config, tokenizer, weights_path = read_parts(str(path))
+    return Agent(PackedEngine(encoder_config, config, weights_path, Plan("bf16", "bf16", "torch", "cpu", "test")),
+                 tokenizer, config, source=str(path))
+
+
 # Two held-out CLINC domains (as in the real split) and two trained ones.
 TINY_CLINC_DOMAINS = {
     "utility": ["weather", "timer", "alarm", "date", "calculator"],

@@ -6,10 +6,11 @@ whatever shares a forward.
 """
 
 import pytest
-from engine_support import bf16_agent, torch_agent
+from engine_support import torch_agent
 
 import laya
 from laya.scenarios import load as scenario
+from laya.testing import packed_bf16_agent
 
 STATE, QUESTIONS = scenario("billing")
 
@@ -20,7 +21,7 @@ def agent(request, laya_tiny_modernbert, laya_tiny_bert):
     arch, engine = request.param
     path = laya_tiny_modernbert if arch == "modernbert" else laya_tiny_bert
     if engine in ("torch", "bf16"):
-        return torch_agent(path) if engine == "torch" else bf16_agent(path)
+        return torch_agent(path) if engine == "torch" else packed_bf16_agent(path)
     return laya.load(path, precision=engine)
 
 

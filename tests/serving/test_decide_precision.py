@@ -9,6 +9,7 @@ import requests
 from serving_support import BILLING_STATE, TINY_BERT, ServerProcess
 
 import laya
+from laya.testing import packed_bf16_agent
 from serving.decide.backend import LayaBackend
 from serving.decide.config import DecideConfig
 from serving.decide.routes import DecideApi
@@ -21,22 +22,10 @@ def test_precision_setting_is_checked_and_read_from_the_environment():
     assert DecideConfig.from_sources({"precision": "exact"}, {"PAGODA_PRECISION": "int8"}).precision == "exact"
 
 
-def _packed_bf16_agent(path):
-    """laya's packed bf16 engine whatever this CPU has (`laya.load` refuses bf16 without bf16 units)."""
-    from laya.agent import Agent
-    from laya.layout import read_parts
-    from laya.packed_engine import PackedEngine
-    from laya.precision import Plan
-
-    config, encoder_config, tokenizer, weights_path = read_parts(str(path))
-    return Agent(PackedEngine(encoder_config, config, weights_path, Plan("bf16", "bf16", "torch", "cpu", "test")),
-                 tokenizer, config, source=str(path))
-
-
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_batches_equal_alone(billing_questions, precision):
     """What the batcher runs for a batch (`LayaBackend.run` over many requests' units) against each alone."""
-    agent = laya.load(TINY_BERT, precision="int8") if precision == "int8" else _packed_bf16_agent(TINY_BERT)
+    agent = laya.load(TINY_BERT, precision="int8") if precision == "int8" else packed_bf16_agent(TINY_BERT)
     backend = LayaBackend(agent, "tiny")
     work = [backend.prepare(f"{BILLING_STATE[: 12 + 9 * i]} #{i}", billing_questions, {}) for i in range(10)]
     together = backend.run(work)
