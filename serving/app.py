@@ -80,9 +80,6 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
     cfg = cfg or ServeConfig.from_sources()
     apis = list(apis) if apis is not None else build_apis(cfg)
     metrics = Metrics()
-    for api in apis:
-        api.start(metrics.registry)
-
     app = Flask("pagoda")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     app.json.sort_keys = False
@@ -128,6 +125,12 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
 
     for api in apis:
         app.register_blueprint(api.blueprint)
+    # The model loads start only now, after every route is registered: werkzeug compiles each route with
+    # `ast.parse`, and CPython 3.11.7's AST validator is not thread-safe (python/cpython gh-106905), so a
+    # load thread compiling code (imports, dataclasses) at the same moment could fail startup with
+    # "SystemError: AST constructor recursion depth mismatch" (seen once in CI).
+    for api in apis:
+        api.start(metrics.registry)
     return app
 
 
