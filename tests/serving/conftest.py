@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from serving_support import API_KEY, GEN_ENGINE_FLAGS, REPO, TINY_BERT, ServerProcess
+from serving_support import API_KEY, GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, REPO, TINY_BERT, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -65,20 +65,25 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def gen_servers(tmp_path_factory, tiny_llama):
+def long_llama(tmp_path_factory):
+    """The tiny Llama with 16k positions: long answers that take seconds even on a fast machine."""
+    from tests.generation.llama_builders import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-16k"), max_positions=16384)
+
+
+@pytest.fixture(scope="session")
+def gen_servers(tmp_path_factory, tiny_llama, long_llama):
     """Two servers on the tiny Llama: `both` (decisions and generation, roomy limits) and `tight`
     (generation only, with small limits to hit: 1 waiting request, 2 request threads, 2 s deadline).
 
     `tight` runs the same tiny Llama with 16k positions and a pool to match: its 8000-token requests take
     seconds even on a fast machine (1023 tokens took 2.1 s here, so a 1024-position model could finish
     before the 2 s deadline and the deadline tests would pass or fail by machine speed)."""
-    from tests.generation.llama_builders import build_tiny_llama
-
     logs = tmp_path_factory.mktemp("gen-logs")
     llm = ["--generate-model", str(tiny_llama), "--generate-name", "tiny-llama", *GEN_ENGINE_FLAGS]
-    long_llama = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-16k"), max_positions=16384)
     tight_llm = ["--generate-model", str(long_llama), "--generate-name", "tiny-llama", *GEN_ENGINE_FLAGS,
-                 "--generate-num-blocks", "4096"]
+                 *LONG_LLAMA_BLOCKS]
     procs = {
         "both": ServerProcess(logs / "both.log", ["--model", str(TINY_BERT), *llm, "--generate-max-new-tokens", "512",
                                                   "--generate-threads", "48", "--threads", "96"]),

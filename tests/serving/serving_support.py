@@ -20,6 +20,7 @@ BILLING_STATE = "Hi, we were billed twice for March. Please refund the duplicate
 API_KEY = "s3cret-test-key"
 # The generation servers' engine: small blocks and pool, so prefix reuse and eviction show on short prompts.
 GEN_ENGINE_FLAGS = ["--generate-block-size", "4", "--generate-num-blocks", "512", "--generate-torch-threads", "1"]
+LONG_LLAMA_BLOCKS = ["--generate-num-blocks", "4096"]   # a pool for the 16k-position `long_llama` at block size 4
 
 
 def heavy_questions(n: int = 40) -> dict:

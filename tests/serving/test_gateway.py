@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from serving_support import GEN_ENGINE_FLAGS, REPO, TINY_BERT, ServerProcess, free_port
+from serving_support import GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, REPO, TINY_BERT, ServerProcess, free_port
 
 CHAT = [{"role": "system", "content": "the quick brown fox"}, {"role": "user", "content": "a radix tree finds"}]
 # What an upstream makes fresh for every request (ids, timestamps, timings): masked before comparing bytes.
@@ -106,12 +106,16 @@ def running(server) -> int:
 # ---- the processes ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def procs(tmp_path_factory, tiny_llama):
+def procs(tmp_path_factory, tiny_llama, long_llama):
     """Three upstreams on the tiny Llama (`edge`, `frontier`, and `victim`, which tests kill and restart on
-    its port) and the gateways in front of them, all started at once."""
+    its port) and the gateways in front of them, all started at once. `edge` runs the 16k-position variant:
+    the timeout test needs an answer that takes seconds on any machine (1,000 tokens of the 1k-position
+    model came back inside the 0.5 s upstream timeout in half the runs on a Zen 5)."""
     logs = tmp_path_factory.mktemp("gateway-logs")
-    llm = ["--generate-only", "--generate-model", str(tiny_llama), *GEN_ENGINE_FLAGS, "--no-access-log"]
-    up = {name: Proc(logs / f"{name}.log", "serve", [*llm, "--generate-name", f"{name}-llama"],
+    llm = ["--generate-only", *GEN_ENGINE_FLAGS, "--no-access-log"]
+    model = {"edge": ["--generate-model", str(long_llama), *LONG_LLAMA_BLOCKS]}
+    up = {name: Proc(logs / f"{name}.log", "serve", [*llm, *model.get(name, ["--generate-model", str(tiny_llama)]),
+                                                     "--generate-name", f"{name}-llama"],
                      port=free_port() if name == "victim" else None) for name in ("edge", "frontier", "victim")}
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     watch = ["--health-interval-s", "0.2", "--health-timeout-s", "0.5", "--health-fails", "2", "--health-passes", "2"]
@@ -302,7 +306,7 @@ def test_a_dead_replica_is_retried_on_the_other_and_a_timeout_is_504(procs, edge
         r = requests.post(gw.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 2}, timeout=30)
         assert r.status_code == 200 and r.headers["X-Pagoda-Upstream"] == edge.url
     started = time.monotonic()
-    r = requests.post(gw.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 1000, "ignore_eos": True,
+    r = requests.post(gw.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4000, "ignore_eos": True,
                                                         "temperature": 0}, timeout=30)
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
     assert edge.url in r.json()["error"]["message"] and time.monotonic() - started < 10
