@@ -18,6 +18,7 @@ agreement and the largest |delta p| of any option.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -337,21 +338,51 @@ def agreement_cases() -> tuple[dict[str, dict], list[dict]]:
     return doc["question_sets"], doc["cases"]
 
 
+DECISIVE_MARGIN = 0.05   # the reference's top two options this far apart: a decision, not a coin toss
+
+
 def compare_answers(reference: list[dict], other: list[dict]) -> dict[str, Any]:
-    """Argmax agreement (noul: p > 0.5) and the largest |delta p| of any option over paired answers."""
-    n = agree = 0
-    gaps = []
+    """Argmax agreement (noul: p > 0.5) and the largest |delta p| of any option over paired answers.
+
+    Also what a reader needs to weigh a disagreement count of a few hundred answers: its 95% Wilson
+    interval, the reference's top-two margin at each disagreement (a margin of 0.001 flips under any
+    rounding at all), and the agreement over decisive answers (reference margin >= DECISIVE_MARGIN, the
+    rule `distill.fidelity.decisive_agreement` applies to students)."""
+    n = agree = decisive = decisive_agree = 0
+    gaps, flip_margins = [], []
     for ref_answers, answers in zip(reference, other):
         for name, a in ref_answers.items():
             b = answers[name]
             pa = a.get("probabilities") or {"true": a["noul"], "false": 1 - a["noul"]}
             pb = b.get("probabilities") or {"true": b["noul"], "false": 1 - b["noul"]}
             gaps.append(max(abs(pa[k] - pb[k]) for k in pa))
-            agree += max(pa, key=pa.get) == max(pb, key=pb.get)
+            top = sorted(pa.values(), reverse=True)
+            margin = top[0] - top[1]
+            same = max(pa, key=pa.get) == max(pb, key=pb.get)
+            agree += same
             n += 1
+            if margin >= DECISIVE_MARGIN:
+                decisive += 1
+                decisive_agree += same
+            if not same:
+                flip_margins.append(margin)
     return {"answers": n, "agreement": agree / n if n else float("nan"), "disagreements": n - agree,
+            "agreement_ci95": wilson_interval(agree, n), "flip_margins": sorted(flip_margins),
+            "decisive_answers": decisive,
+            "decisive_agreement": decisive_agree / decisive if decisive else float("nan"),
             "max_abs_dp": max(gaps, default=float("nan")), "p99_abs_dp": float(np.percentile(gaps, 99)) if gaps else
             float("nan"), "mean_abs_dp": float(np.mean(gaps)) if gaps else float("nan")}
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (written out: one closed form is not worth adding scipy to
+    the `laya` extra). Unlike p +- z sqrt(p(1-p)/n) it stays inside [0, 1] and is not zero-width at 290/290."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def report_agreement(threads: int, precision: str = "fast") -> dict[str, Any]:
@@ -366,6 +397,12 @@ def report_agreement(threads: int, precision: str = "fast") -> dict[str, Any]:
     stats = compare_answers(results["exact"], results[precision])
     print(f"agreement on the embedded default ({exact.source}), {fast.plan.precision} ({precision}) vs exact, "
           f"held-out set {AGREEMENT_FILE.name}: {len(cases)} states, {stats['answers']} answers")
-    print(f"  argmax agreement {stats['agreement']:.1%} ({stats['disagreements']} differ); |delta p| max "
-          f"{stats['max_abs_dp']:.4f}, p99 {stats['p99_abs_dp']:.4f}, mean {stats['mean_abs_dp']:.4f}")
+    low, high = stats["agreement_ci95"]
+    print(f"  argmax agreement {stats['agreement']:.2%} ({stats['disagreements']} differ; 95% interval "
+          f"{low:.1%}-{high:.1%}); |delta p| max {stats['max_abs_dp']:.4f}, p99 {stats['p99_abs_dp']:.4f}, "
+          f"mean {stats['mean_abs_dp']:.4f}")
+    margins = ", ".join(f"{m:.4f}" for m in stats["flip_margins"]) or "none"
+    print(f"  exact's top-two margin where they differ: {margins}; agreement on the "
+          f"{stats['decisive_answers']} decisive answers (margin >= {DECISIVE_MARGIN}): "
+          f"{stats['decisive_agreement']:.2%}")
     return stats
