@@ -199,13 +199,16 @@ def _register_mini(commands: Any) -> None:
                                         "cosine-teacher KL, then refit temperatures (how the shipped head was made)")
     f.add_argument("--init", help="checkpoint folder to start from (the shipped head: models/laya-mini)")
     f.add_argument("--out", help="folder for the fine-tuned checkpoint")
-    f.add_argument("--steps", default="200", help="training steps of 32 (default 200)")
+    f.add_argument("--steps", default="200", help="training steps of 32 (default 200; 0: only refit the "
+                                                  "temperatures of --init)")
     f.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     f.add_argument("--threads", default=None, help="torch threads (default: torch's)")
     f.add_argument("--seed", default="0", help="seed of the corpus, the intent draws and the batches (default 0)")
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
                         "default)")
+    f.add_argument("--no-calib-tickets", action="store_true",
+                   help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl")
     f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
                                                   "replaces the shipped one; `make model` then assembles it)")
     f.set_defaults(func=_mini_finetune)
@@ -280,13 +283,14 @@ def _mini_finetune(args: argparse.Namespace) -> int:
         cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
-                             mix=_mix_flag(args.mix) or dict(MIX))
+                             mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets)
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)
         return 2
     t = summary["times_s"]
-    print(f"laya-mini fine-tuned {summary['steps']} steps ({summary['threads']} threads) in {t['train']:.0f}s "
+    what = f"fine-tuned {summary['steps']} steps" if summary["steps"] else "temperatures refitted (0 steps)"
+    print(f"laya-mini {what} ({summary['threads']} threads) in {t['train']:.0f}s "
           f"(total {t['total']:.0f}s), calib ECE15 {summary['calib']['ece15_before']:.3f} -> "
           f"{summary['calib']['ece15_after']:.3f} -> {cfg.out}")
     return 0

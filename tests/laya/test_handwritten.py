@@ -1,0 +1,47 @@
+"""The hand-written ticket files: valid, disjoint (calibration text must never be evaluation text), and
+turned into decision examples under the questions the evaluation asks."""
+
+import json
+
+import pytest
+
+from laya.corpus import handwritten
+from laya.scenarios import load as scenario
+from laya.training.examples import items_from_example
+
+
+@pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE])
+def test_ticket_files_are_valid(name):
+    tickets = handwritten.read_tickets(handwritten.default_tickets(name))
+    assert len(tickets) >= 60
+    assert {t["department"] for t in tickets} == {"billing", "technical", "other"}
+    assert {t["urgency"] for t in tickets} == {0, 1, 2} and {t["churn"] for t in tickets} == {True, False}
+    assert len({t["id"] for t in tickets}) == len(tickets)
+
+
+def test_calibration_tickets_are_not_evaluation_tickets():
+    norm = lambda t: " ".join(t["text"].lower().split())  # noqa: E731
+    evaluation = {norm(t) for t in handwritten.read_tickets(handwritten.default_tickets())}
+    calib = {norm(t) for t in handwritten.read_tickets(handwritten.default_tickets(handwritten.CALIB_FILE))}
+    assert not evaluation & calib
+
+
+def test_bad_lines_name_the_field(tmp_path):
+    bad = tmp_path / "t.jsonl"
+    bad.write_text(json.dumps({"text": "x", "department": "billing", "urgency": "high", "churn": False}) + "\n")
+    with pytest.raises(ValueError, match="'urgency'"):
+        handwritten.read_tickets(bad)
+    with pytest.raises(FileNotFoundError, match="--tickets"):
+        handwritten.read_tickets(tmp_path / "missing.jsonl")
+
+
+def test_examples_ask_the_triage_questions_with_gold_labels():
+    ticket = {"id": "x", "text": "Refund the double charge or we cancel.", "department": "billing",
+              "urgency": 2, "churn": True}
+    (ex,) = handwritten.examples([ticket])
+    items = {it.name: it for it in items_from_example(ex, "x")}
+    assert set(items) == set(scenario("billing")[1])
+    assert items["department"].question.keys[items["department"].target.index(1.0)] == "billing"
+    assert items["urgency"].target == (0.0, 0.0, 1.0)
+    assert items["churn_risk"].question.keys[items["churn_risk"].target.index(1.0)] == "true"
+    assert all(it.source == handwritten.SOURCE for it in items.values())
