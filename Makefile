@@ -49,7 +49,9 @@ model-scratch: install
 # model-finetune remakes the shipped head from its parent in git history (FINETUNE_FROM, the 8ad7380 head),
 # assembled on the installed encoder, then four `pagoda laya-mini finetune` stages (docs/laya-mini.md):
 # 250 steps of the default mix, 400 + 400 ticket-heavy steps, 300 steps of an even mix, on the current
-# ticket generator. The result lands in runs/laya-mini-finetuned/ and its committable head in
+# ticket generator; every stage fits its temperatures on a calib file that holds the hand-written calibration
+# tickets (datasets/handwritten_tickets_calib.jsonl), so the last one lands on the shipped head's stage 5
+# (a --steps 0 refit of stage 4). The result lands in runs/laya-mini-finetuned/ and its committable head in
 # runs/laya-mini-head/ (compare with `pagoda laya-mini eval --model runs/laya-mini-finetuned`; copy that head
 # over laya/training/mini_head/ to ship it). The shipped head is untouched. ~40 min on 2 idle CPU cores.
 FINETUNE_FROM ?= 8ad7380
