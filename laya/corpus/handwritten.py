@@ -25,8 +25,10 @@ SOURCE = "handwritten"
 def default_tickets(name: str = EVAL_FILE) -> Path:
     root = source_checkout()
     if root is None:
-        raise FileNotFoundError("--tickets: the hand-written tickets ship with the source checkout "
-                                f"(datasets/{name}); give their path")
+        hint = ("give their path with --tickets" if name == EVAL_FILE else
+                "run from a checkout, or leave them out (`pagoda laya-mini finetune --no-calib-tickets`)")
+        raise FileNotFoundError(f"datasets/{name}: the hand-written tickets ship with the source checkout, not "
+                                f"with the installed package; {hint}")
     return root / "datasets" / name
 
 

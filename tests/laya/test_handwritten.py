@@ -45,3 +45,11 @@ def test_examples_ask_the_triage_questions_with_gold_labels():
     assert items["urgency"].target == (0.0, 0.0, 1.0)
     assert items["churn_risk"].question.keys[items["churn_risk"].target.index(1.0)] == "true"
     assert all(it.source == handwritten.SOURCE for it in items.values())
+
+
+def test_outside_a_checkout_the_error_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(handwritten, "source_checkout", lambda: None)
+    with pytest.raises(FileNotFoundError, match="--tickets"):
+        handwritten.default_tickets()
+    with pytest.raises(FileNotFoundError, match="--no-calib-tickets"):
+        handwritten.calib_examples()
