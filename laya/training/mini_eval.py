@@ -8,9 +8,10 @@
   encoder under laya-mini, untrained), on the same items. Labels humanised ("book hotel"); `raw` wording
   ("book_hotel") is reported too.
 - **hand-written tickets** (`datasets/handwritten_tickets.jsonl`, read by `laya.corpus.handwritten`; never
-  used in training or calibration) under the README's support-triage questions (`laya.scenarios` "billing"): department accuracy, churn
-  accuracy (p > 0.5), urgency MAE (expected level vs gold), department ECE at the checkpoint's fitted
-  temperatures, i.e. after calibration; the baseline's department accuracy on rendered options.
+  used in training or calibration) under the README's support-triage questions (`laya.scenarios`
+  "billing"): department accuracy, churn accuracy (p > 0.5), urgency MAE (expected level vs gold),
+  department ECE at the checkpoint's fitted temperatures, i.e. after calibration, the gold answer's log
+  loss per question; the baseline's department accuracy on rendered options.
 - the issue's **acceptance sentences** (`ACCEPTANCE`, also `tests/laya/test_mini_acceptance.py`).
 
 Answers go through `Agent.prepare/forward/finish`, the path `predict` takes, so temperatures and budgets
