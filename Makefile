@@ -37,14 +37,17 @@ lint: install
 
 # laya-mini, the embedded default (docs/laya-mini.md): the installed all-MiniLM-L6-v2 encoder plus the
 # trained head committed in laya/training/mini_head/, checked against the build's probe; skips when built.
-# model-scratch retrains a head from the rebuilt corpus (progress bar; make model-scratch MODEL_DEVICE=cuda):
+# model-scratch retrains a head from the rebuilt corpus (progress bar; make model-scratch MODEL_DEVICE=cuda,
+# MODEL_PRECISION=bf16 for bf16 autocast training on a GPU or a CPU with AMX / AVX512-BF16):
 # the recipe of the 0bc28c1 head, not the shipped one; its times are in docs/benchmarks.md#laya-mini.
 MODEL_DEVICE ?= cpu
+MODEL_PRECISION ?= fp32
 model: install
 	$(PAGODA) laya-mini build
 
 model-scratch: install
-	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) --figures docs/img
+	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) \
+	  --precision $(MODEL_PRECISION) --figures docs/img
 
 # model-finetune remakes the shipped head from its parent in git history (FINETUNE_FROM, the 8ad7380 head),
 # assembled on the installed encoder, then four `pagoda laya-mini finetune` stages (docs/laya-mini.md):

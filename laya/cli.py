@@ -47,6 +47,17 @@ def register(commands: Any, bench: Any) -> None:
     b.add_argument("--no-gemm", action="store_true", help="skip the fp32 GEMM-rate probe")
     b.set_defaults(func=_bench)
 
+    t = bench.add_parser("train", help="seconds per training step at fp32 and under bf16 autocast, both laya-mini "
+                                       "recipes (from-scratch and finetune), one process")
+    t.add_argument("--part", default="scratch,finetune", help="comma list of scratch, finetune")
+    t.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16")
+    t.add_argument("--steps", type=int, default=30, help="timed steps of 32 per run (after --warmup steps)")
+    t.add_argument("--warmup", type=int, default=3)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
+    t.add_argument("--model", default=None, help="finetune: checkpoint to start from (default: the embedded laya-mini)")
+    t.set_defaults(func=_bench_train)
+
     _register_train(commands)
     _register_calibrate(commands)
     _register_mini(commands)
@@ -101,6 +112,24 @@ def _bench(args: argparse.Namespace) -> int:
                threads=args.threads, cold=args.cold, agreement=args.agreement, gemm=not args.no_gemm)
 
 
+def _bench_train(args: argparse.Namespace) -> int:
+    from laya.training.bench import PARTS, run
+    from laya.training.trainer import TRAIN_PRECISIONS
+
+    parts = tuple(p.strip() for p in args.part.split(",") if p.strip())
+    precisions = tuple(p.strip() for p in args.precision.split(",") if p.strip())
+    for flag, got, allowed in (("--part", parts, PARTS), ("--precision", precisions, TRAIN_PRECISIONS)):
+        if not got or any(g not in allowed for g in got):
+            print(f"pagoda bench train: error: {flag}: expected a comma list of {', '.join(allowed)}, got "
+                  f"{getattr(args, flag[2:])!r}", file=sys.stderr)
+            return 2
+    for flag in ("steps", "warmup", "threads"):
+        if getattr(args, flag) < 1:
+            print(f"pagoda bench train: error: --{flag}: must be >= 1, got {getattr(args, flag)}", file=sys.stderr)
+            return 2
+    return run(parts, precisions, args.steps, args.warmup, args.threads, args.data, args.model)
+
+
 def _register_train(commands: Any) -> None:
     from laya.training.trainer import TrainConfig
 
@@ -130,6 +159,10 @@ def _register_train(commands: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
     p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
     p.add_argument("--threads", type=int)
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--precision", default=d.precision,
+                   help="fp32 (default) or bf16: the forward under bf16 autocast (a CPU with AMX or AVX512-BF16, "
+                        "or a GPU); weights, gradients and the optimizer stay fp32")
     p.set_defaults(func=_train)
 
 
@@ -143,7 +176,8 @@ def _train(args: argparse.Namespace) -> int:
                       encoder_lr=args.encoder_lr, encoder_layers=args.encoder_layers,
                       loss=LossWeights(1.0, args.spherical, args.rps), max_len=args.max_len,
                       head_max_len=args.head_max_len, seed=args.seed, eval_every=args.eval_every,
-                      save_every=args.save_every, resume=args.resume, stop_at=args.stop_at, threads=args.threads)
+                      save_every=args.save_every, resume=args.resume, stop_at=args.stop_at, threads=args.threads,
+                      device=args.device, precision=args.precision)
     try:
         summary = train(cfg)
     except (ValueError, FileNotFoundError) as exc:
@@ -191,6 +225,7 @@ def _register_mini(commands: Any) -> None:
     b.add_argument("--figures", help="where --from-scratch writes reliability PNGs (default: --work)")
     b.add_argument("--threads", type=int)
     b.add_argument("--device", default="cpu")
+    b.add_argument("--precision", default="fp32", help="--from-scratch: fp32 (default) or bf16 autocast training")
     b.add_argument("--spec", help="JSON overrides of MiniSpec fields")
     b.add_argument("--no-assemble", action="store_true", help="--from-scratch: stop after writing the head folder")
     b.set_defaults(func=_mini_build)
@@ -203,6 +238,8 @@ def _register_mini(commands: Any) -> None:
                                                   "temperatures of --init)")
     f.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     f.add_argument("--threads", default=None, help="torch threads (default: torch's)")
+    f.add_argument("--precision", default="fp32",
+                   help="fp32 (default) or bf16: train under bf16 autocast (a CPU with AMX or AVX512-BF16)")
     f.add_argument("--seed", default="0", help="seed of the corpus, the intent draws and the batches (default 0)")
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
@@ -240,7 +277,7 @@ def _mini_build(args: argparse.Namespace) -> int:
             spec = mini.MiniSpec(**json.loads(args.spec)) if args.spec else mini.MiniSpec()
             work = Path(args.work)
             report = mini.build_from_scratch(spec, work, out, head_dir, Path(args.figures or work),
-                                             args.threads, args.device, not args.no_assemble)
+                                             args.threads, args.device, not args.no_assemble, args.precision)
             a = report["test"]["all"]["after"]
             print(f"laya-mini built from scratch in {report['times_s']['total']:.0f}s: test accuracy "
                   f"{a['accuracy']:.3f}, ECE15 {a['ece15']:.3f} -> {out}")
@@ -283,7 +320,8 @@ def _mini_finetune(args: argparse.Namespace) -> int:
         cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
-                             mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets)
+                             mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets,
+                             precision=args.precision)
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

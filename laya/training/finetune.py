@@ -68,6 +68,7 @@ class FinetuneConfig:
     calib_tickets: bool = True       # the temperatures also fit datasets/handwritten_tickets_calib.jsonl
     seed: int = 0
     threads: int | None = None
+    precision: str = "fp32"          # or "bf16": autocast forward (laya.training.trainer.check_precision)
     head_dir: str = ""               # also write the committed head here (laya/training/mini_head to ship it)
 
     def validate(self) -> None:
@@ -95,6 +96,9 @@ class FinetuneConfig:
         for name in ("warmup", "shuffle_options", "option_subsets"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"finetune: {name} must be in [0, 1], got {getattr(self, name)!r}")
+        from laya.training.trainer import check_precision
+
+        check_precision(self.precision, "cpu")
         unknown = set(self.mix) - set(MIX)
         if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
             raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")
@@ -206,7 +210,14 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     from laya.training.examples import Augment, items_from_example
     from laya.training.losses import proper_loss
     from laya.training.similarity import Cosine
-    from laya.training.trainer import TrainConfig, build_model, encoder_layer_prefixes, training_batch
+    from laya.training.trainer import (
+        TrainConfig,
+        autocast,
+        build_model,
+        encoder_layer_prefixes,
+        training_batch,
+        use_precision,
+    )
 
     cfg.validate()
     if cfg.threads:
@@ -226,6 +237,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
 
     torch.manual_seed(cfg.seed)
     model, tok, config = build_model(TrainConfig(init=cfg.init))
+    use_precision(model, cfg.precision, "cpu")
     trained = encoder_layer_prefixes(model, cfg.encoder_layers)
     enc_params = []
     for n, p in model.encoder.named_parameters():
@@ -270,11 +282,13 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         model.train()
         model.encoder.eval()   # no dropout in a mostly frozen encoder
         batch, target = training_batch(tok, items, range(len(items)), budgets, src.rng, src.augment)
-        logits, act = model(**batch)
+        with autocast(cfg.precision, "cpu"):
+            logits, act = model(**batch)
+        logits, act = logits.float(), act.float()
         loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
         if cfg.act_weight and act.size(-1) > 1:
             wrong = (logits.detach().argmax(-1) != target.argmax(-1)).long()
-            loss = loss + cfg.act_weight * torch.nn.functional.cross_entropy(act.float(), wrong)
+            loss = loss + cfg.act_weight * torch.nn.functional.cross_entropy(act, wrong)
         kl = teacher_kl(logits, items, teachers, cosine, cfg.teacher_tau) if cosine and name == "intents" else None
         if kl is not None:
             loss = loss + cfg.kl_weight * kl

@@ -164,7 +164,7 @@ def verify(path: Path, expected: dict[str, Any]) -> None:
 
 def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head_dir: Path = HEAD_DIR,
                        figures: Path | None = None, threads: int | None = None, device: str = "cpu",
-                       assemble_after: bool = True) -> dict:
+                       assemble_after: bool = True, precision: str = "fp32") -> dict:
     """Corpus -> train (frozen encoder) -> calibrate (calib) -> evaluate (test) -> head folder + report."""
     import torch
 
@@ -200,7 +200,7 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
                        batch_size=spec.batch_size, lr=spec.lr, encoder_lr=spec.encoder_lr,
                        encoder_layers=spec.encoder_layers, max_len=spec.max_len,
                        head_max_len=spec.head_max_len, seed=spec.seed, eval_every=50, save_every=10**9,
-                       device=device)
+                       device=device, precision=precision)
     summary = train(tcfg)
     times["train"] = time.time() - t
 
@@ -240,6 +240,7 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
                {"state": state, "questions": questions, "answers": probe(staged, state, questions)["answers"]},
                encoder_layer_prefixes(model, spec.encoder_layers) if spec.encoder_lr > 0 else [],
                {"spec": asdict(spec), "times_s": times, "threads": torch.get_num_threads(), "device": device,
+                "precision": precision,
                 "train": {k: v for k, v in summary.items() if k != "history"}, "history": summary["history"]})
     report = {"times_s": times, "train": summary, "calib": calib_eval, "test": test_eval,
               "temperatures": {"by_type": fit.temperature, "by_options": fit.temperature_by_options, "raw": fit.raw},

@@ -63,6 +63,7 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--init", "INIT", "--out", "OUT", "--steps", "-1"], "--steps"),
     (["--init", "INIT", "--out", "OUT", "--threads", "-1"], "--threads"),
     (["--init", "MISSING", "--out", "OUT"], "--init"),
+    (["--init", "INIT", "--out", "OUT", "--precision", "fp16"], "--precision"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_path, capsys):
     from serving.cli import main

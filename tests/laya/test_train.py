@@ -158,3 +158,45 @@ def test_only_the_top_encoder_layers_train(laya_tiny_bert, data, tmp_path):
     ref = {k: v.float() for k, v in src.model.state_dict().items()}
     changed = {k for k in w if k.startswith("encoder.") and not torch.equal(w[k].float(), ref[k])}
     assert changed and all(k.startswith(top[0]) for k in changed)
+
+
+def _claim_bf16_units(monkeypatch, units: bool) -> None:
+    """Make `laya.precision.detect` report (or deny) bf16 units: CPU autocast runs, emulated, on any x86 CPU,
+    so the bf16 training path is testable on machines without the units."""
+    import laya.precision as precision
+
+    flags = frozenset({"avx2", "avx512_bf16"} if units else {"avx2"})
+    monkeypatch.setattr(precision, "detect", lambda: precision.CpuFeatures("test cpu", flags, 2))
+
+
+def test_training_precision_is_checked_by_name(monkeypatch):
+    with pytest.raises(ValueError, match="--precision: expected one of fp32, bf16, got 'fp16'"):
+        TrainConfig(data="x", out="y", init="z", precision="fp16").validate()
+    _claim_bf16_units(monkeypatch, False)
+    with pytest.raises(ValueError, match=r"--precision: 'bf16' autocast needs a CPU with amx_bf16 or avx512_bf16; "
+                                         r"this CPU \(test cpu\)"):
+        TrainConfig(data="x", out="y", init="z", precision="bf16").validate()
+    TrainConfig(data="x", out="y", init="z", precision="bf16", device="cuda").validate()   # GPUs have bf16
+
+
+def test_bf16_autocast_trains_fp32_weights_reproducibly(laya_tiny_bert, data, tmp_path, monkeypatch):
+    from laya.checkpoint import load_checkpoint
+    from laya.training.trainer import use_precision
+
+    _claim_bf16_units(monkeypatch, True)
+    train(_cfg(laya_tiny_bert, data, tmp_path / "fp32", max_steps=4, save_every=100), progress=False)
+    for run in ("a", "b"):
+        train(_cfg(laya_tiny_bert, data, tmp_path / run, max_steps=4, save_every=100, precision="bf16"),
+              progress=False)
+    a, b, f = (load_file(str(tmp_path / r / "model.safetensors")) for r in ("a", "b", "fp32"))
+    assert all(torch.equal(a[k], b[k]) for k in a)                         # same seed, same bits
+    assert {v.dtype for v in a.values()} == {v.dtype for v in f.values()}    # the layout does not change
+    key = "scorer.1.weight"
+    assert not torch.equal(a[key], f[key])                                   # the forward really was bf16
+    assert (a[key].float() - f[key].float()).abs().max() < 0.05              # ... and learned the same thing
+    assert json.loads((tmp_path / "a" / "train_summary.json").read_text())["config"]["precision"] == "bf16"
+    model = load_checkpoint(laya_tiny_bert)[0]
+    use_precision(model, "fp32", "cpu")
+    assert model.encoder.config._attn_implementation == "sdpa"
+    use_precision(model, "bf16", "cpu")                                      # CPU flash backward is slow in bf16
+    assert model.encoder.config._attn_implementation == "eager"
