@@ -4,8 +4,9 @@ Both of laya-mini's recipes are timed, because their steps differ: `scratch` is 
 (`laya.training.trainer.train`: the top five encoder layers and the scorer trained on the corpus plus the
 intent decisions) and `finetune` is `pagoda laya-mini finetune`'s (the top three layers, mixed sources,
 the cosine-teacher KL). Each precision runs the same recipe on the same data and seed, so the batches are
-identical and the ratio is the precision's alone; precisions alternate per recipe, fp32 first, and each run
-gets its own warm-up steps, which are not timed (oneDNN builds its kernels on first use of a shape).
+identical and the ratio is the precision's alone. The precisions run one after the other per recipe, in the
+order given (fp32 first by default), each after its own untimed warm-up run of a few steps (oneDNN builds
+its kernels on first use of a shape).
 
 What the numbers are for: the issue asks whether bf16 autocast cuts CPU build time where the CPU has bf16
 units (AMX, AVX512-BF16). The loss after the timed steps is printed beside the time, so a precision that is
@@ -89,7 +90,7 @@ def run(parts: tuple[str, ...] = PARTS, precisions: tuple[str, ...] = ("fp32", "
     cpu = detect()
     print(f"machine: {cpu.model}, {cpu.cores} cores; bf16 units: {', '.join(cpu.bf16_units) or 'none'}; "
           f"torch {torch.__version__}, {threads} threads")
-    print(f"{steps} timed steps of 32 per run after {warmup} warm-up steps; precisions alternate per recipe")
+    print(f"{steps} timed steps of 32 per run, each after an untimed run of {warmup} warm-up steps")
     init = model or str(default_model_dir())
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="pagoda-bench-train-") as tmp:
