@@ -39,7 +39,8 @@ lint: install
 # trained head committed in laya/training/mini_head/, checked against the build's probe; skips when built.
 # model-scratch retrains a head from the rebuilt corpus (progress bar; make model-scratch MODEL_DEVICE=cuda,
 # MODEL_PRECISION=bf16 for bf16 autocast training on a GPU or a CPU with AMX / AVX512-BF16):
-# the recipe of the 0bc28c1 head, not the shipped one; its times are in docs/benchmarks.md#laya-mini.
+# the current MiniSpec (the 0bc28c1 recipe plus the real intents), not the shipped head; ~26 min on 2 cores
+# of an AMX CPU with MODEL_PRECISION=bf16 (docs/laya-mini.md); its times are in docs/benchmarks.md#laya-mini.
 MODEL_DEVICE ?= cpu
 MODEL_PRECISION ?= fp32
 model: install
