@@ -127,7 +127,15 @@ def _bench_train(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             print(f"pagoda bench train: error: --{flag}: must be >= 1, got {getattr(args, flag)}", file=sys.stderr)
             return 2
-    return run(parts, precisions, args.steps, args.warmup, args.threads, args.data, args.model)
+    if args.model and not (Path(args.model) / "rl_agent_config.json").is_file():
+        print(f"pagoda bench train: error: --model: {args.model} is not a Laya checkpoint folder (no "
+              "rl_agent_config.json)", file=sys.stderr)
+        return 2
+    try:
+        return run(parts, precisions, args.steps, args.warmup, args.threads, args.data, args.model)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda bench train: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _register_train(commands: Any) -> None:

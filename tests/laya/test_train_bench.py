@@ -30,10 +30,13 @@ def test_both_recipes_at_both_precisions(laya_tiny_bert, data, monkeypatch, caps
     (["--part", "gpu"], "--part"),
     (["--precision", "fp16"], "--precision"),
     (["--steps", "0"], "--steps"),
+    (["--part", "finetune", "--precision", "fp32", "--steps", "1", "--model", "NOWHERE"], "--model"),
+    (["--part", "finetune", "--precision", "fp32", "--steps", "1", "--data", "NOWHERE"], "--data"),
 ])
-def test_bad_flags_are_one_line_naming_the_flag(argv, flag, capsys):
+def test_bad_flags_are_one_line_naming_the_flag(argv, flag, tmp_path, capsys):
     from serving.cli import main
 
+    argv = [str(tmp_path / "nowhere") if a == "NOWHERE" else a for a in argv]
     assert main(["bench", "train", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and flag in err, err
