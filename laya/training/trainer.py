@@ -34,17 +34,21 @@ STATE_FILE = "trainer_state.pt"
 TRAIN_PRECISIONS = ("fp32", "bf16")
 
 
-def check_precision(precision: str, device: str, flag: str = "--precision") -> None:
+def _device_type(device: str) -> str:
+    return str(device).split(":")[0]
+
+
+def check_precision(precision: str, device: str) -> None:
     """Refuse a training precision this machine cannot run fast: emulated bf16 on a CPU without bf16 units
     is slower than fp32, so asking for it is a mistake worth naming, not a silent slowdown."""
     if precision not in TRAIN_PRECISIONS:
-        raise ValueError(f"{flag}: expected one of {', '.join(TRAIN_PRECISIONS)}, got {precision!r}")
-    if precision == "bf16" and str(device).split(":")[0] == "cpu":
+        raise ValueError(f"--precision: expected one of {', '.join(TRAIN_PRECISIONS)}, got {precision!r}")
+    if precision == "bf16" and _device_type(device) == "cpu":
         from laya.precision import BF16_UNITS, detect
 
         cpu = detect()
         if not cpu.bf16_units:
-            raise ValueError(f"{flag}: 'bf16' autocast needs a CPU with {' or '.join(BF16_UNITS)}; this CPU "
+            raise ValueError(f"--precision: 'bf16' autocast needs a CPU with {' or '.join(BF16_UNITS)}; this CPU "
                              f"({cpu.model or 'unknown'}) has neither, and emulated bf16 is slower than fp32: "
                              "train with fp32")
 
@@ -54,7 +58,7 @@ def use_precision(model, precision: str, device: str) -> None:
     torch's CPU flash-attention backward is slow in bf16 (MiniLM, 32 rows of ~100 tokens, AMX: 0.59 s
     against eager's 0.29 s, which held autocast to 1.2x over fp32). fp32 and GPUs keep SDPA, so an fp32 run
     stays bit for bit what it was."""
-    if precision == "bf16" and str(device).split(":")[0] == "cpu" and hasattr(model.encoder, "set_attn_implementation"):
+    if precision == "bf16" and _device_type(device) == "cpu":
         model.encoder.set_attn_implementation("eager")
 
 
@@ -64,7 +68,7 @@ def autocast(precision: str, device: str):
         return contextlib.nullcontext()
     import torch
 
-    return torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16)
+    return torch.autocast(device_type=_device_type(device), dtype=torch.bfloat16)
 
 
 @dataclass
