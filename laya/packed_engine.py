@@ -14,6 +14,13 @@ matrix (checked by the tests, as for onnxruntime's kernels), layer norms and act
 token, and attention never sees another row. What stays fp32: the residual stream, layer norms,
 rotary embeddings, attention, and the output layers (scorer, act head), which are a sliver of the
 FLOPs. What is bf16: the inputs and outputs of the large linears, i.e. almost all of the arithmetic.
+
+Why the feed-forward activations run inside the GEMMs (oneDNN post-ops: the activation, and GeGLU's
+gate product, applied to the fp32 accumulator before the one rounding to bf16): the MLP's
+intermediate is the widest tensor of a layer, and on a CPU whose single core streams memory slowly
+(the Intel AMX machine of docs/benchmarks.md) widening it to fp32, activating, multiplying and
+narrowing it again cost almost as much as its GEMM. Fused, it is written once, in bf16, and read
+once, by the next GEMM; one rounding fewer, too.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from laya.rows import Row
 from laya.weights import SafeTensors
 
 _ACT = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+# The same activations as oneDNN post-ops: (attr, algorithm) of `mkldnn._linear_pointwise`.
+_POST_OP = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", ""), "silu": ("swish", "")}
 
 
 class PackedEngine:
@@ -63,16 +72,16 @@ class PackedEngine:
         return torch.from_numpy(np.array(self.weights.float32(name), dtype=np.float32))
 
     def _linear(self, weights: list[str], biases: list[str] | None = None, enabled: bool = True,
-                rows: slice | None = None) -> Bf16Linear:
+                rows: slice | torch.Tensor | None = None, activation: str | None = None) -> Bf16Linear:
         """One bf16 linear from checkpoint weights [out, in], several stacked along `out` (q, k and v as one
-        GEMM); `rows` takes a range of the outputs; biases only if `enabled` and stored."""
+        GEMM); `rows` takes a range (or a reordering) of the outputs; biases only if `enabled` and stored."""
         w = torch.cat([self._f32(n) for n in weights])
         b = None
         if biases and enabled and all(n in self.weights for n in biases):
             b = torch.cat([self._f32(n) for n in biases])
         if rows is not None:
             w, b = w[rows], (b[rows] if b is not None else None)
-        return Bf16Linear(w, b)
+        return Bf16Linear(w, b, activation)
 
     def _load(self) -> None:
         s, p = self.spec, "encoder."
@@ -83,15 +92,21 @@ class PackedEngine:
             stored = self.weights.dtype(e + "tok_embeddings.weight")
             self.tok_emb = self._f32(e + "tok_embeddings.weight").to(torch.float16 if stored == "F16" else torch.float32)
             self.emb_norm = self._norm_params(e + "norm", s.norm_bias)
-            self.rope = {t: tuple(torch.from_numpy(a) for a in s.rope_tables(s.rope_theta[t])) for t in set(s.layer_types)}
+            # Rotary as one complex product: cos + i sin per position and frequency.
+            self.rope = {t: torch.complex(*(torch.from_numpy(a) for a in s.rope_tables(s.rope_theta[t])))
+                         for t in set(s.layer_types)}
+            qkv_rows = _interleave_rotary_pairs(s.hidden, s.heads)
+            inp, gate = slice(0, s.intermediate), slice(s.intermediate, 2 * s.intermediate)
             for i, t in enumerate(s.layer_types):
                 lp = f"{p}layers.{i}."
+                wi = [lp + "mlp.Wi.weight"], [lp + "mlp.Wi.bias"], s.mlp_bias
                 self.layers.append({
                     "type": t, "attn_norm": self._norm_params(lp + "attn_norm", s.norm_bias) if i else None,
-                    "qkv": L([lp + "attn.Wqkv.weight"], [lp + "attn.Wqkv.bias"], s.attention_bias),
+                    "qkv": L([lp + "attn.Wqkv.weight"], [lp + "attn.Wqkv.bias"], s.attention_bias, rows=qkv_rows),
                     "out": L([lp + "attn.Wo.weight"], [lp + "attn.Wo.bias"], s.attention_bias),
                     "mlp_norm": self._norm_params(lp + "mlp_norm", s.norm_bias),
-                    "wi": L([lp + "mlp.Wi.weight"], [lp + "mlp.Wi.bias"], s.mlp_bias),
+                    # GeGLU as two GEMMs: act(x Wi_in) in one, times (x Wi_gate) in the other's post-op.
+                    "wi_act": L(*wi, rows=inp, activation=s.activation), "wi_gate": L(*wi, rows=gate),
                     "wo": L([lp + "mlp.Wo.weight"], [lp + "mlp.Wo.bias"], s.mlp_bias)})
             self.final_norm = self._norm_params(p + "final_norm", s.norm_bias)
         else:
@@ -107,7 +122,8 @@ class PackedEngine:
                     "qkv": L([n + ".weight" for n in qkv], [n + ".bias" for n in qkv]),
                     "out": L([lp + "attention.output.dense.weight"], [lp + "attention.output.dense.bias"]),
                     "norm1": self._norm_params(lp + "attention.output.LayerNorm"),
-                    "wi": L([lp + "intermediate.dense.weight"], [lp + "intermediate.dense.bias"]),
+                    "wi": L([lp + "intermediate.dense.weight"], [lp + "intermediate.dense.bias"],
+                            activation=s.activation),
                     "wo": L([lp + "output.dense.weight"], [lp + "output.dense.bias"]),
                     "norm2": self._norm_params(lp + "output.LayerNorm")})
         self.type_emb = self._f32("type_emb.weight")
@@ -123,7 +139,8 @@ class PackedEngine:
                 "norm1": self._norm_params(lp + "norm1"), **projections,
                 "out": L([lp + "self_attn.out_proj.weight"], [lp + "self_attn.out_proj.bias"]),
                 "norm2": self._norm_params(lp + "norm2"),
-                "w1": L([lp + "linear1.weight"], [lp + "linear1.bias"]), "w2": L([lp + "linear2.weight"], [lp + "linear2.bias"])})
+                "w1": L([lp + "linear1.weight"], [lp + "linear1.bias"], activation="relu"),
+                "w2": L([lp + "linear2.weight"], [lp + "linear2.bias"])})
         self.scorer = [self._f32(n) for n in ("scorer.0.weight", "scorer.0.bias", "scorer.1.weight", "scorer.1.bias",
                                               "scorer.3.weight", "scorer.3.bias")]
         self.act_head = [self._f32(n) for n in ("act_head.0.weight", "act_head.0.bias", "act_head.2.weight",
@@ -136,7 +153,7 @@ class PackedEngine:
     def describe(self) -> dict:
         return {**self.plan.summary(), "threads": self.threads, "load_s": round(self.load_s, 2),
                 "tokens_per_run": self.chunk_tokens, "rows_per_forward": "packed",
-                "bf16": {"linears": "bf16 weights and inputs (oneDNN)",
+                "bf16": {"linears": "bf16 weights and inputs (oneDNN), feed-forward activations fused into their GEMMs",
                          "fp32": "residual stream, norms, attention, scorer and act head"}}
 
     # -- forward ------------------------------------------------------------------------------------
@@ -153,19 +170,19 @@ class PackedEngine:
         d = self.spec.hidden
         for layer in self.head[:-1]:
             a = _norm(h, layer["norm1"], HEAD_EPS)
-            q, k, v = layer["qkv"](a).split(d, -1)
-            h = h + layer["out"](_attention(q, k, v, starts, starts, self.head_heads))
-            h = h + layer["w2"](F.relu(layer["w1"](_norm(h, layer["norm2"], HEAD_EPS))))
+            q, k, v = (_heads(t, self.head_heads) for t in layer["qkv"](a).split(d, -1))
+            h = h + layer["out"](_attention(q, k, v, starts, starts))
+            h = h + layer["w2"](layer["w1"].bf16(_norm(h, layer["norm2"], HEAD_EPS)))
         select = torch.from_numpy(b.select)
         picked = h[select]
         if self.head:
             # The last head layer is read only at [CLS] and the markers (as `LayaModel.infer`).
             last = self.head[-1]
             a = _norm(h, last["norm1"], HEAD_EPS)
-            k, v = last["kv"](a).split(d, -1)
-            attn = _attention(last["q"](a[select]), k, v, b.select_starts.tolist(), starts, self.head_heads)
+            k, v = (_heads(t, self.head_heads) for t in last["kv"](a).split(d, -1))
+            attn = _attention(_heads(last["q"](a[select]), self.head_heads), k, v, b.select_starts.tolist(), starts)
             picked = picked + last["out"](attn)
-            picked = picked + last["w2"](F.relu(last["w1"](_norm(picked, last["norm2"], HEAD_EPS))))
+            picked = picked + last["w2"](last["w1"].bf16(_norm(picked, last["norm2"], HEAD_EPS)))
         n0, b0, w1, b1, w3, b3 = self.scorer
         markers = picked[torch.from_numpy(b.marker_select)]
         z = F.gelu(_fp32_rows(_norm(markers, (n0, b0), HEAD_EPS), w1, b1))
@@ -181,40 +198,42 @@ class PackedEngine:
     def _modernbert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:
         s = self.spec
         x = _norm(self.tok_emb[ids].float(), self.emb_norm, s.eps)
-        rope = {t: (cos[positions], sin[positions]) for t, (cos, sin) in self.rope.items()}
+        rope = {t: table[positions] for t, table in self.rope.items()}
         for layer in self.layers:
             a = x if layer["attn_norm"] is None else _norm(x, layer["attn_norm"], s.eps)
-            q, k, v = layer["qkv"](a).split(s.hidden, -1)
-            cos, sin = rope[layer["type"]]
+            qkv = layer["qkv"](a)
+            q, k = _rotary(qkv[:, :2 * s.hidden], rope[layer["type"]], s.heads)
+            v = _heads(qkv[:, 2 * s.hidden:], s.heads)
             window = s.window if layer["type"] == "sliding_attention" else None
-            attn = _attention(_rotary(q, cos, sin, s.heads), _rotary(k, cos, sin, s.heads), v, starts, starts, s.heads,
-                              window)
-            x = x + layer["out"](attn)
-            inp, gate = layer["wi"](_norm(x, layer["mlp_norm"], s.eps)).split(s.intermediate, -1)
-            x = x + layer["wo"](_ACT[s.activation](inp) * gate)
+            x = x + layer["out"](_attention(q, k, v, starts, starts, window))
+            a = _norm(x, layer["mlp_norm"], s.eps).to(torch.bfloat16)
+            x = x + layer["wo"](layer["wi_gate"].bf16(a, times=layer["wi_act"].bf16(a)))
         return _norm(x, self.final_norm, s.eps)
 
     def _bert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:
         s = self.spec
         x = _norm(self.word_emb[ids] + self.type_row + self.pos_emb[positions], self.emb_norm, s.eps)
         for layer in self.layers:
-            q, k, v = layer["qkv"](x).split(s.hidden, -1)
-            x = _norm(layer["out"](_attention(q, k, v, starts, starts, s.heads)) + x, layer["norm1"], s.eps)
-            x = _norm(layer["wo"](_ACT[s.activation](layer["wi"](x))) + x, layer["norm2"], s.eps)
+            q, k, v = (_heads(t, s.heads) for t in layer["qkv"](x).split(s.hidden, -1))
+            x = _norm(layer["out"](_attention(q, k, v, starts, starts)) + x, layer["norm1"], s.eps)
+            x = _norm(layer["wo"](layer["wi"].bf16(x)) + x, layer["norm2"], s.eps)
         return x
 
 
 class Bf16Linear:
-    """x @ W.T (+ b) with bf16 inputs and weights and an fp32 result (the bias is added in fp32).
+    """x @ W.T (+ b) with bf16 inputs and weights: `linear(x)` gives an fp32 result (the bias added in fp32,
+    for the residual stream); `linear.bf16(x)` the bf16 input of the next linear, with `activation` and
+    then a product `times` applied to the fp32 accumulator before its one rounding (the bias inside).
 
     The weight is reordered once, at load, into oneDNN's blocked layout when this torch can
     (`mkldnn._reorder_linear_weight`: 5-15% faster GEMMs at 64-512 rows on a Zen 5, and the same bits
     as the plain call, which the tests check); a CPU whose oneDNN has no bf16 kernels keeps the
-    plain matrix and F.linear."""
+    plain matrix, F.linear, and the activation and product as separate fp32 ops."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None = None):
         weight = weight.to(torch.bfloat16).contiguous()
         self.bias = bias
+        self.activation = activation
         self.weight, self.packed = (None, torch.ops.mkldnn._reorder_linear_weight(weight, PREPACK_ROWS)) \
             if _can_prepack() else (weight, None)
 
@@ -226,6 +245,20 @@ class Bf16Linear:
             y = F.linear(x, self.weight)
         y = y.float()
         return y if self.bias is None else y + self.bias
+
+    def bf16(self, x: torch.Tensor, times: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
+        if self.packed is None:
+            y = F.linear(x, self.weight).float()
+            y = y if self.bias is None else y + self.bias
+            y = y if self.activation is None else _ACT[self.activation](y)
+            return (y if times is None else y * times.float()).to(torch.bfloat16)
+        if times is not None:
+            assert self.activation is None, "oneDNN takes one post-op here: an activation or a product"
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)   # this op takes its input's type
+            return torch.ops.mkldnn._linear_pointwise.binary(x, times.to(torch.bfloat16), self.packed, bias, "mul")
+        attr, algorithm = _POST_OP[self.activation] if self.activation else ("none", "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], algorithm)
 
 
 PREPACK_ROWS = 512     # the row count oneDNN's weight layout is chosen for; any count runs on it
@@ -252,30 +285,46 @@ def _norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None], eps: fl
     return F.layer_norm(x, (x.size(-1),), wb[0], wb[1], eps)
 
 
-def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rotate-half rotary embedding of [T, heads * hd] by each token's own position (cos/sin [T, hd / 2])."""
-    t = x.unflatten(-1, (heads, -1))
-    x1, x2 = t.chunk(2, -1)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).flatten(-2)
+def _interleave_rotary_pairs(hidden: int, heads: int) -> torch.Tensor:
+    """The order of Wqkv's output rows that puts each head's rotate-half pairs (dims j and j + hd/2) side by
+    side in q and k (v as stored). Attention's q.k sums over a head's dims in any order alike, and rotary
+    on adjacent pairs is one complex product (`_rotary`) instead of halves, cats and four products."""
+    hd = hidden // heads
+    pairs = torch.arange(hd).view(2, hd // 2).t().reshape(-1)          # 0, hd/2, 1, hd/2 + 1, ...
+    per_head = (torch.arange(2 * heads)[:, None] * hd + pairs).reshape(-1)
+    return torch.cat([per_head, torch.arange(2 * hidden, 3 * hidden)])
+
+
+def _rotary(qk: torch.Tensor, rope: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k ([T, 2 * heads * hd], pairs interleaved) rotated by each token's own position (`rope` [T, hd / 2],
+    complex), written head-major: two [heads, T, hd] tensors."""
+    t = torch.view_as_complex(qk.unflatten(-1, (2 * heads, -1, 2)))
+    out = torch.empty(t.size(1), t.size(0), t.size(2), dtype=t.dtype)
+    torch.mul(t.transpose(0, 1), rope[None], out=out)
+    rotated = torch.view_as_real(out).flatten(-2)
+    return rotated[:heads], rotated[heads:]
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[T, heads * hd] as a head-major view [heads, T, hd] (no copy)."""
+    return x.unflatten(-1, (heads, -1)).transpose(0, 1)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_starts: list[int], kv_starts: list[int],
-               heads: int, window: int | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd)) v row by row, fp32: row r's queries q[q_starts[r]:q_starts[r+1]] attend to its
-    own keys k[kv_starts[r]:kv_starts[r+1]]; `window`: only |i - j| <= window (queries and keys of one row).
-    Written out (two bmm and a softmax) rather than through SDPA, whose CPU kernels take 4-D inputs only and
-    whose fallback spent ~40% more time per row on mask checks at these sizes."""
-    out = []
-    scale = (q.size(-1) // heads) ** -0.5
+               window: int | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) v row by row, fp32, on head-major [heads, T, hd] inputs: row r's queries
+    q[:, q_starts[r]:q_starts[r+1]] attend to its own keys k[:, kv_starts[r]:kv_starts[r+1]]; `window`: only
+    |i - j| <= window (queries and keys of one row). Returns [T, heads * hd]. Written out (two bmm and a
+    softmax) rather than through SDPA, whose CPU kernels take 4-D inputs only and whose fallback spent ~40%
+    more time per row on mask checks at these sizes."""
+    heads, scale = q.size(0), q.size(-1) ** -0.5
+    out = torch.empty(q.size(1), heads, v.size(-1))
     for r in range(len(q_starts) - 1):
-        qr = q[q_starts[r]:q_starts[r + 1]].unflatten(-1, (heads, -1)).transpose(0, 1)
-        kr = k[kv_starts[r]:kv_starts[r + 1]].unflatten(-1, (heads, -1)).permute(1, 2, 0)
-        vr = v[kv_starts[r]:kv_starts[r + 1]].unflatten(-1, (heads, -1)).transpose(0, 1)
-        scores = torch.bmm(qr, kr).mul_(scale)
-        n = kr.size(-1)
+        qs, ks = slice(q_starts[r], q_starts[r + 1]), slice(kv_starts[r], kv_starts[r + 1])
+        scores = torch.bmm(q[:, qs], k[:, ks].transpose(1, 2)).mul_(scale)
+        n = scores.size(-1)
         if window is not None and n > window + 1:
             idx = torch.arange(n)
             scores.masked_fill_((idx[:, None] - idx[None, :]).abs() > window, float("-inf"))
-        out.append(torch.bmm(torch.softmax(scores, -1), vr).transpose(0, 1).flatten(-2))
-    return torch.cat(out)
+        out[qs].copy_(torch.bmm(torch.softmax(scores, -1), v[:, ks]).transpose(0, 1))
+    return out.flatten(1)

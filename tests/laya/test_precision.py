@@ -108,3 +108,58 @@ def test_prepacked_bf16_weights_give_the_plain_gemm_bits():
     assert torch.equal(full, F.linear(x.bfloat16(), w.bfloat16()).float())
     for rows, offset in ((1, 0), (7, 3), (64, 100), (129, 40), (299, 1)):
         assert torch.equal(lin(x[offset:offset + rows]), full[offset:offset + rows])
+
+
+def test_fused_bf16_linears_keep_rows_independent():
+    """The activation and GeGLU's gate product run inside oneDNN's GEMM (post-ops on the fp32 accumulator,
+    one rounding to bf16): a row's bits stay its own whatever the row count or its place, and each post-op
+    computes the activation it names."""
+    import torch
+
+    from laya import packed_engine
+
+    torch.manual_seed(0)
+    w, b, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(300, 64)
+    pre = x.bfloat16().float() @ w.bfloat16().float().T + b
+    gate = torch.randn(300, 96).bfloat16()
+    for activation, fn in packed_engine._ACT.items():
+        lin = packed_engine.Bf16Linear(w, b, activation)
+        full = lin.bf16(x)
+        assert full.dtype == torch.bfloat16
+        assert (full.float() - fn(pre)).abs().max() < 0.05, activation      # bf16 rounding of values up to ~4
+        for rows, offset in ((1, 0), (7, 3), (64, 100), (129, 40), (299, 1)):
+            assert torch.equal(lin.bf16(x[offset:offset + rows]), full[offset:offset + rows]), (activation, rows)
+    lin = packed_engine.Bf16Linear(w, b)
+    full = lin.bf16(x, times=gate)
+    assert (full.float() - pre * gate.float()).abs().max() < 0.1
+    for rows, offset in ((1, 0), (7, 3), (129, 40)):
+        assert torch.equal(lin.bf16(x[offset:offset + rows], times=gate[offset:offset + rows]), full[offset:offset + rows])
+
+
+def test_interleaved_rotary_matches_rotate_half():
+    """Wqkv's rows reordered at load put each rotate-half pair side by side; rotary is then one complex
+    product, and attention scores (q.k over a head's dims, in any order) are the checkpoint's."""
+    import torch
+
+    from laya import packed_engine
+
+    torch.manual_seed(0)
+    heads, hd, n = 3, 8, 5
+    hidden = heads * hd
+    qkv = torch.randn(n, 3 * hidden)
+    angle = torch.randn(n, hd // 2)
+    cos, sin = angle.cos(), angle.sin()
+
+    def rotate_half(t):      # the checkpoint's convention, as transformers writes it
+        t = t.unflatten(-1, (heads, hd))
+        x1, x2 = t.chunk(2, -1)
+        return torch.cat([x1 * cos[:, None] - x2 * sin[:, None], x2 * cos[:, None] + x1 * sin[:, None]], -1)
+
+    q_ref, k_ref = rotate_half(qkv[:, :hidden]), rotate_half(qkv[:, hidden:2 * hidden])
+    order = packed_engine._interleave_rotary_pairs(hidden, heads)
+    assert sorted(order.tolist()) == list(range(3 * hidden))
+    assert torch.equal(qkv[:, order][:, 2 * hidden:], qkv[:, 2 * hidden:])          # v as stored
+    q, k = packed_engine._rotary(qkv[:, order][:, :2 * hidden], torch.complex(cos, sin), heads)
+    assert q.shape == (heads, n, hd)
+    scores_ref = torch.einsum("qhd,khd->hqk", q_ref, k_ref)
+    assert torch.allclose(torch.einsum("hqd,hkd->hqk", q, k), scores_ref, atol=1e-5)
