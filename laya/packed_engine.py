@@ -171,8 +171,8 @@ class PackedEngine:
         for layer in self.head[:-1]:
             a = _norm(h, layer["norm1"], HEAD_EPS)
             q, k, v = (_heads(t, self.head_heads) for t in layer["qkv"](a).split(d, -1))
-            h = h + layer["out"](_attention(q, k, v, starts, starts))
-            h = h + layer["w2"](layer["w1"].bf16(_norm(h, layer["norm2"], HEAD_EPS)))
+            h = layer["out"](_attention(q, k, v, starts, starts), residual=h)
+            h = layer["w2"](layer["w1"].bf16(_norm(h, layer["norm2"], HEAD_EPS)), residual=h)
         select = torch.from_numpy(b.select)
         picked = h[select]
         if self.head:
@@ -181,8 +181,8 @@ class PackedEngine:
             a = _norm(h, last["norm1"], HEAD_EPS)
             k, v = (_heads(t, self.head_heads) for t in last["kv"](a).split(d, -1))
             attn = _attention(_heads(last["q"](a[select]), self.head_heads), k, v, b.select_starts.tolist(), starts)
-            picked = picked + last["out"](attn)
-            picked = picked + last["w2"](last["w1"].bf16(_norm(picked, last["norm2"], HEAD_EPS)))
+            picked = last["out"](attn, residual=picked)
+            picked = last["w2"](last["w1"].bf16(_norm(picked, last["norm2"], HEAD_EPS)), residual=picked)
         n0, b0, w1, b1, w3, b3 = self.scorer
         markers = picked[torch.from_numpy(b.marker_select)]
         z = F.gelu(_fp32_rows(_norm(markers, (n0, b0), HEAD_EPS), w1, b1))
@@ -205,9 +205,9 @@ class PackedEngine:
             q, k = _rotary(qkv[:, :2 * s.hidden], rope[layer["type"]], s.heads)
             v = _heads(qkv[:, 2 * s.hidden:], s.heads)
             window = s.window if layer["type"] == "sliding_attention" else None
-            x = x + layer["out"](_attention(q, k, v, starts, starts, window))
+            x = layer["out"](_attention(q, k, v, starts, starts, window), residual=x)
             a = _norm(x, layer["mlp_norm"], s.eps).to(torch.bfloat16)
-            x = x + layer["wo"](layer["wi_gate"].bf16(a, times=layer["wi_act"].bf16(a)))
+            x = layer["wo"](layer["wi_gate"].bf16(a, times=layer["wi_act"].bf16(a)), residual=x)
         return _norm(x, self.final_norm, s.eps)
 
     def _bert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:
@@ -215,15 +215,16 @@ class PackedEngine:
         x = _norm(self.word_emb[ids] + self.type_row + self.pos_emb[positions], self.emb_norm, s.eps)
         for layer in self.layers:
             q, k, v = (_heads(t, s.heads) for t in layer["qkv"](x).split(s.hidden, -1))
-            x = _norm(layer["out"](_attention(q, k, v, starts, starts)) + x, layer["norm1"], s.eps)
-            x = _norm(layer["wo"](layer["wi"].bf16(x)) + x, layer["norm2"], s.eps)
+            x = _norm(layer["out"](_attention(q, k, v, starts, starts), residual=x), layer["norm1"], s.eps)
+            x = _norm(layer["wo"](layer["wi"].bf16(x), residual=x), layer["norm2"], s.eps)
         return x
 
 
 class Bf16Linear:
-    """x @ W.T (+ b) with bf16 inputs and weights: `linear(x)` gives an fp32 result (the bias added in fp32,
-    for the residual stream); `linear.bf16(x)` the bf16 input of the next linear, with `activation` and
-    then a product `times` applied to the fp32 accumulator before its one rounding (the bias inside).
+    """x @ W.T (+ b) with bf16 inputs and weights, the bias added to the fp32 accumulator: `linear(x)` gives
+    the result widened to fp32, `linear(x, residual=r)` r + it in one pass (the fp32 residual stream);
+    `linear.bf16(x)` the bf16 input of the next linear, with `activation` or a product `times` applied to
+    the accumulator before its one rounding.
 
     The weight is reordered once, at load, into oneDNN's blocked layout when this torch can
     (`mkldnn._reorder_linear_weight`: 5-15% faster GEMMs at 64-512 rows on a Zen 5, and the same bits
@@ -237,14 +238,14 @@ class Bf16Linear:
         self.weight, self.packed = (None, torch.ops.mkldnn._reorder_linear_weight(weight, PREPACK_ROWS)) \
             if _can_prepack() else (weight, None)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.to(torch.bfloat16)
-        if self.packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if self.packed is None:
+            y = F.linear(x, self.weight).float()
+            y = y if self.bias is None else y + self.bias
         else:
-            y = F.linear(x, self.weight)
-        y = y.float()
-        return y if self.bias is None else y + self.bias
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return y.float() if residual is None else torch.add(residual, y)
 
     def bf16(self, x: torch.Tensor, times: torch.Tensor | None = None) -> torch.Tensor:
         x = x.to(torch.bfloat16)
