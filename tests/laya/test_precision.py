@@ -59,10 +59,15 @@ def test_variable_and_argument(monkeypatch, laya_tiny_bert):
         laya.load(laya_tiny_bert, precision="half")
 
 
+@pytest.mark.parametrize("prepacked", [True, False], ids=["onednn", "plain-fallback"])
 @pytest.mark.parametrize("arch", ["modernbert", "bert"])
-def test_bf16_runs_packed_deterministically(monkeypatch, laya_tiny_modernbert, laya_tiny_bert, arch):
+def test_bf16_runs_packed_deterministically(monkeypatch, laya_tiny_modernbert, laya_tiny_bert, arch, prepacked):
+    from laya import packed_engine
+
     path = laya_tiny_modernbert if arch == "modernbert" else laya_tiny_bert
     monkeypatch.setattr(precision, "detect", lambda: AMX)
+    if not prepacked:
+        monkeypatch.setattr(packed_engine, "_can_prepack", lambda: False)
     agent = laya.load(path, precision="fast")
     described = agent.engine.describe()
     assert agent.plan.precision == "bf16" and described["rows_per_forward"] == "packed", described
@@ -110,14 +115,19 @@ def test_prepacked_bf16_weights_give_the_plain_gemm_bits():
         assert torch.equal(lin(x[offset:offset + rows]), full[offset:offset + rows])
 
 
-def test_fused_bf16_linears_keep_rows_independent():
+@pytest.mark.parametrize("prepacked", [True, False], ids=["onednn-post-ops", "plain-fallback"])
+def test_fused_bf16_linears_keep_rows_independent(monkeypatch, prepacked):
     """The activation and GeGLU's gate product run inside oneDNN's GEMM (post-ops on the fp32 accumulator,
     one rounding to bf16): a row's bits stay its own whatever the row count or its place, and each post-op
-    computes the activation it names."""
+    computes the activation it names. A torch without oneDNN's bf16 linear takes the plain path, alike."""
     import torch
 
     from laya import packed_engine
 
+    if prepacked and not packed_engine._can_prepack():
+        pytest.skip("this torch's oneDNN has no bf16 linear kernels: the engine runs F.linear")
+    if not prepacked:
+        monkeypatch.setattr(packed_engine, "_can_prepack", lambda: False)
     torch.manual_seed(0)
     w, b, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(300, 64)
     pre = x.bfloat16().float() @ w.bfloat16().float().T + b
