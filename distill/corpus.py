@@ -7,8 +7,10 @@ evaluated on tickets the teacher never saw.
 A student labelled on one generator's text learns that generator: on hand-written tickets it agreed with
 its teacher 0.78-0.91 against 0.998+ on the generator's held-out rows. So the corpus can also carry text
 the generator does not write: real user utterances from CLINC150 and Snips (read from the shared data
-folder, never copied; no gold labels, the teacher's soft labels are the targets), and tickets cut short
-after their first sentence (gold dropped: the cut may remove the urgency or churn cue).
+folder, never copied; no gold labels, the teacher's soft labels are the targets), tickets cut short
+after their first sentence (gold dropped: the cut may remove the urgency or churn cue), and tickets
+written by hand (`datasets/handwritten_tickets_student.jsonl`, never the evaluation file), each as
+written and in perturbed copies (`handwritten_variants`).
 """
 
 from __future__ import annotations
@@ -47,10 +49,78 @@ def first_sentence(text: str) -> str | None:
     return None
 
 
+_GREETINGS = ["Hi,", "Hello,", "Hey", "Hi team,", "Dear support,", "Good morning,", "hello?", "To whom it may concern,"]
+_SIGN_OFFS = ["Thanks", "Thank you!", "Regards,\nSam", "Cheers", "Sent from my phone", "thx", "Best,\nA. Novak",
+              "-- \nOps team"]
+
+
+def _typo(text: str, rng: random.Random) -> str:
+    words = text.split(" ")
+    long = [i for i, w in enumerate(words) if len(w) >= 4 and w.isalpha()]
+    if not long:
+        return text
+    i = rng.choice(long)
+    w = words[i]
+    j = rng.randrange(len(w) - 1)
+    words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:] if rng.random() < 0.6 else w[:j] + w[j + 1:]
+    return " ".join(words)
+
+
+def _sentences(text: str) -> list[str]:
+    out, start = [], 0
+    for i, ch in enumerate(text):
+        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] in " \n"):
+            out.append(text[start:i + 1].strip())
+            start = i + 1
+    rest = text[start:].strip()
+    return [s for s in out + ([rest] if rest else []) if s]
+
+
+def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) -> list[str]:
+    """Each text as written plus `per_text` copies with one to three of: lower case, one sentence shouted,
+    punctuation dropped, a typo or two, a greeting and sign-off, only the first sentence, another ticket's
+    sentence appended. Why perturb rather than only add the texts: 147 tickets are few rows beside 9,000,
+    and the student must follow its teacher on how people write (case, typos, two issues at once), which
+    is what the evaluation tickets vary in."""
+    def perturb(text: str) -> str:
+        for op in rng.sample(range(7), rng.randint(1, 3)):
+            if op == 0:
+                text = text.lower()
+            elif op == 1:
+                parts = _sentences(text)
+                k = rng.randrange(len(parts))
+                text = " ".join(p.upper() if i == k else p for i, p in enumerate(parts))
+            elif op == 2:
+                text = "".join(ch for ch in text if ch not in ".,!?;:'\"")
+            elif op == 3:
+                for _ in range(rng.randint(1, 2)):
+                    text = _typo(text, rng)
+            elif op == 4:
+                text = f"{rng.choice(_GREETINGS)}\n\n{text}\n\n{rng.choice(_SIGN_OFFS)}"
+            elif op == 5:
+                text = _sentences(text)[0] if _sentences(text) else text
+            else:
+                text = f"{text} {rng.choice(_sentences(rng.choice(texts)) or texts)}"
+        return text
+
+    out = []
+    for t in texts:
+        out.append(t)
+        seen = {t}
+        for _ in range(per_text):
+            v = perturb(t)
+            if v not in seen:
+                seen.add(v)
+                out.append(v)
+    return out
+
+
 def write_corpus(path: str | os.PathLike, n: int, seed: int = DEFAULT_SEED, *, n_utterances: int = 0,
-                 truncated: float = 0.0, data: str | os.PathLike = "../shared/data") -> Path:
+                 truncated: float = 0.0, data: str | os.PathLike = "../shared/data",
+                 handwritten: str | os.PathLike | None = None, variants: int = 0) -> Path:
     """`n` generated tickets (a `truncated` share of them also cut to their first sentence, as extra rows)
-    plus `n_utterances` shared-data utterances, shuffled; rows without gold carry null gold columns."""
+    plus `n_utterances` shared-data utterances and the `handwritten` texts with `variants` perturbed copies
+    each, shuffled; rows without gold carry null gold columns."""
     from laya.corpus import tickets
 
     if not 0 <= truncated <= 1:
@@ -62,6 +132,13 @@ def write_corpus(path: str | os.PathLike, n: int, seed: int = DEFAULT_SEED, *, n
              for c in cut if c]
     rows += [{"text": u, "department": None, "urgency": None, "churn": None, "source": "utterances"}
              for u in (utterances(data, n_utterances, rng) if n_utterances else [])]
+    if handwritten is not None:
+        from laya.corpus.handwritten import read_texts
+
+        if variants < 0:
+            raise ValueError(f"--handwritten-variants: must be >= 0, got {variants!r}")
+        rows += [{"text": t, "department": None, "urgency": None, "churn": None, "source": "handwritten"}
+                 for t in handwritten_variants(read_texts(Path(handwritten)), variants, rng)]
     if len(rows) > n:
         rng.shuffle(rows)
     path = Path(path)
@@ -81,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--truncated", type=float, default=0.0,
                    help="share of tickets also added cut to their first sentence (default 0)")
     p.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
+    p.add_argument("--handwritten", help="a .jsonl of hand-written texts to add (datasets/handwritten_tickets_student.jsonl)")
+    p.add_argument("--handwritten-variants", type=int, default=0,
+                   help="perturbed copies of each hand-written text to add as well (default 0)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--out", required=True, help=".jsonl file to write")
     args = p.parse_args(argv)
     try:
         out = write_corpus(args.out, args.tickets, args.seed, n_utterances=args.utterances,
-                           truncated=args.truncated, data=args.data)
+                           truncated=args.truncated, data=args.data, handwritten=args.handwritten,
+                           variants=args.handwritten_variants)
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m distill.corpus: error: {exc}", file=sys.stderr)
         return 2

@@ -1,11 +1,15 @@
-"""Hand-written support tickets: the real-text measure of laya-mini, and the natural text its temperatures fit.
+"""Hand-written support tickets: the real-text measure of laya-mini, the natural text its temperatures fit,
+and natural text for the distilled student.
 
-Two files under `datasets/`, written by hand for issue 15 and never produced by a generator:
+Three files under `datasets/`, written by hand for issue 15 and never produced by a generator:
 `handwritten_tickets.jsonl` is evaluation only (`pagoda laya-mini eval`, the student agreement check);
 `handwritten_tickets_calib.jsonl` is calibration only. The second exists because temperatures fitted on
 the synthetic calib split alone (tickets answered ~97% right) sharpened the answers, and on natural
 text the same head is wrong more often: urgency there was overconfident (NLL 1.56 on the evaluation
-tickets). Neither file is ever training data; their texts are disjoint (a test checks it).
+tickets). Neither is ever training data. `handwritten_tickets_student.jsonl` is text only, no gold: the
+student's corpus takes it (`python -m distill.corpus --handwritten`), labelled by the teacher, because a
+student distilled on generated tickets alone learnt the generator rather than its teacher. The three
+share no text, and the student file no near-copy of an evaluation ticket (tests check both).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from laya.scenarios import load as scenario
 
 EVAL_FILE = "handwritten_tickets.jsonl"
 CALIB_FILE = "handwritten_tickets_calib.jsonl"
+STUDENT_FILE = "handwritten_tickets_student.jsonl"
 SOURCE = "handwritten"
 
 
@@ -62,3 +67,20 @@ def examples(tickets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def calib_examples() -> list[dict[str, Any]]:
     return examples(read_tickets(default_tickets(CALIB_FILE)))
+
+
+def read_texts(path: Path) -> list[str]:
+    """The `text` of each line (the student file has no gold labels)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--handwritten: file not found: {path}")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            text = json.loads(line).get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{path}:{i}: field 'text' must be a non-empty string, got {text!r}")
+            out.append(text)
+    if not out:
+        raise ValueError(f"{path}: no tickets")
+    return out

@@ -64,3 +64,36 @@ def test_too_many_utterances_is_one_line_naming_the_flag(shared, tmp_path):
                           "--data", str(shared), "--out", str(tmp_path / "x.jsonl")], capture_output=True, text=True,
                          cwd=ROOT)
     assert out.returncode == 2 and "error: --utterances: 100000 asked" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_handwritten_texts_join_as_written_and_perturbed(shared, tmp_path):
+    from distill.corpus import handwritten_variants
+    from laya.corpus.handwritten import STUDENT_FILE, default_tickets, read_texts
+
+    texts = read_texts(default_tickets(STUDENT_FILE))
+    path = write_corpus(tmp_path / "h.jsonl", 20, seed=3, data=shared, handwritten=default_tickets(STUDENT_FILE),
+                        variants=4)
+    rows = [r for r in read(path) if r["source"] == "handwritten"]
+    assert set(texts) <= {r["text"] for r in rows}                       # every text as written
+    assert len(texts) < len(rows) <= 5 * len(texts)                       # and up to 4 distinct copies each
+    assert len({r["text"] for r in rows}) == len(rows)
+    assert all(r[k] is None for r in rows for k in ("department", "urgency", "churn"))   # the teacher labels them
+    assert read(write_corpus(tmp_path / "i.jsonl", 20, seed=3, data=shared, handwritten=default_tickets(STUDENT_FILE),
+                             variants=4)) == read(path)
+    import random
+
+    variants = handwritten_variants(["Refund the double charge. We need it today."], 30, random.Random(0))
+    assert any(v.islower() for v in variants) and any("\n\n" in v for v in variants)
+    assert any("refund" in v.lower() and "today" not in v.lower() for v in variants)     # first sentence only
+
+
+def test_handwritten_corpus_errors_name_the_flag(shared, tmp_path):
+    with pytest.raises(ValueError, match="--handwritten-variants"):
+        write_corpus(tmp_path / "x.jsonl", 5, data=shared, handwritten=ROOT / "datasets" / "handwritten_tickets_student.jsonl",
+                     variants=-1)
+    with pytest.raises(FileNotFoundError, match="--handwritten"):
+        write_corpus(tmp_path / "x.jsonl", 5, data=shared, handwritten=tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": ""}\n')
+    with pytest.raises(ValueError, match="'text'"):
+        write_corpus(tmp_path / "x.jsonl", 5, data=shared, handwritten=bad)

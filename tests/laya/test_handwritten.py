@@ -1,5 +1,5 @@
-"""The hand-written ticket files: valid, disjoint (calibration text must never be evaluation text), and
-turned into decision examples under the questions the evaluation asks."""
+"""The hand-written ticket files: valid, disjoint (calibration and student text must never be evaluation text),
+and turned into decision examples under the questions the evaluation asks."""
 
 import json
 
@@ -24,6 +24,25 @@ def test_calibration_tickets_are_not_evaluation_tickets():
     evaluation = {norm(t) for t in handwritten.read_tickets(handwritten.default_tickets())}
     calib = {norm(t) for t in handwritten.read_tickets(handwritten.default_tickets(handwritten.CALIB_FILE))}
     assert not evaluation & calib
+
+
+def test_student_texts_are_not_evaluation_or_calibration_tickets():
+    """The student's hand-written texts: no text of the other two files, and no near-copy of an evaluation
+    ticket (more than 60% of the words shared), so the agreement measured there stays on unseen text."""
+    import re
+
+    norm = lambda t: " ".join(t.lower().split())  # noqa: E731
+    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
+    student = handwritten.read_texts(handwritten.default_tickets(handwritten.STUDENT_FILE))
+    assert len(student) >= 100 and len({norm(t) for t in student}) == len(student)
+    evaluation = [t["text"] for t in handwritten.read_tickets(handwritten.default_tickets())]
+    calib = [t["text"] for t in handwritten.read_tickets(handwritten.default_tickets(handwritten.CALIB_FILE))]
+    assert not {norm(t) for t in student} & {norm(t) for t in evaluation + calib}
+    for s in student:
+        a = words(s)
+        for e in evaluation:
+            b = words(e)
+            assert len(a & b) <= 0.6 * len(a | b), (s, e)
 
 
 def test_bad_lines_name_the_field(tmp_path):
