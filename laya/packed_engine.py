@@ -267,11 +267,17 @@ PREPACK_ROWS = 512     # the row count oneDNN's weight layout is chosen for; any
 
 @lru_cache(maxsize=1)
 def _can_prepack() -> bool:
+    """Whether this torch's oneDNN runs every call `Bf16Linear` makes on prepacked weights: the plain GEMM
+    with an fp32 bias, an activation post-op and the product post-op (all or none, so an engine never mixes
+    the two paths' roundings)."""
     try:
         w = torch.ones(16, 16, dtype=torch.bfloat16)
+        x = torch.ones(2, 16, dtype=torch.bfloat16)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS)
-        y = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=torch.bfloat16), packed, None, "none", [], "")
-        return bool((y == 16).all())
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, torch.zeros(16), "none", [], "")
+        g = torch.ops.mkldnn._linear_pointwise(x, packed, None, "relu", [], "")
+        m = torch.ops.mkldnn._linear_pointwise.binary(x, g, packed, None, "mul")
+        return bool((y == 16).all() and (m == 256).all())
     except (RuntimeError, AttributeError):
         return False
 
