@@ -79,7 +79,7 @@ def _sentences(text: str) -> list[str]:
 def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) -> list[str]:
     """Each text as written plus `per_text` copies with one to three of: lower case, one sentence shouted,
     punctuation dropped, a typo or two, a greeting and sign-off, only the first sentence, another ticket's
-    sentence appended. Why perturb rather than only add the texts: 147 tickets are few rows beside 9,000,
+    sentence appended. Why perturb rather than only add the texts: a few hundred tickets are few rows beside 9,000,
     and the student must follow its teacher on how people write (case, typos, two issues at once), which
     is what the evaluation tickets vary in."""
     def perturb(text: str) -> str:
