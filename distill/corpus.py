@@ -77,7 +77,7 @@ def _sentences(text: str) -> list[str]:
 
 
 def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) -> list[str]:
-    """Each text as written plus `per_text` copies with one to three of: lower case, one sentence shouted,
+    """Each text as written plus up to `per_text` distinct copies with one to three of: lower case, a sentence shouted,
     punctuation dropped, a typo or two, a greeting and sign-off, only the first sentence, another ticket's
     sentence appended. Why perturb rather than only add the texts: a few hundred tickets are few rows beside 9,000,
     and the student must follow its teacher on how people write (case, typos, two issues at once), which

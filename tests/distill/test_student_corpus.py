@@ -67,6 +67,8 @@ def test_too_many_utterances_is_one_line_naming_the_flag(shared, tmp_path):
 
 
 def test_handwritten_texts_join_as_written_and_perturbed(shared, tmp_path):
+    import random
+
     from distill.corpus import handwritten_variants
     from laya.corpus.handwritten import STUDENT_FILE, default_tickets, read_texts
 
@@ -76,12 +78,11 @@ def test_handwritten_texts_join_as_written_and_perturbed(shared, tmp_path):
     rows = [r for r in read(path) if r["source"] == "handwritten"]
     assert set(texts) <= {r["text"] for r in rows}                       # every text as written
     assert len(texts) < len(rows) <= 5 * len(texts)                       # and up to 4 distinct copies each
-    assert len({r["text"] for r in rows}) == len(rows)
+    one = handwritten_variants(texts[:1], 4, random.Random(0))
+    assert one[0] == texts[0] and len(set(one)) == len(one)               # a text's copies are distinct
     assert all(r[k] is None for r in rows for k in ("department", "urgency", "churn"))   # the teacher labels them
     assert read(write_corpus(tmp_path / "i.jsonl", 20, seed=3, data=shared, handwritten=default_tickets(STUDENT_FILE),
                              variants=4)) == read(path)
-    import random
-
     variants = handwritten_variants(["Refund the double charge. We need it today."], 30, random.Random(0))
     assert any(v.islower() for v in variants) and any("\n\n" in v for v in variants)
     assert any("refund" in v.lower() and "today" not in v.lower() for v in variants)     # first sentence only
