@@ -98,7 +98,8 @@ def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) ->
             elif op == 4:
                 text = f"{rng.choice(_GREETINGS)}\n\n{text}\n\n{rng.choice(_SIGN_OFFS)}"
             elif op == 5:
-                text = _sentences(text)[0] if _sentences(text) else text
+                parts = _sentences(text)
+                text = parts[0] if parts else text
             else:
                 text = f"{text} {rng.choice(_sentences(rng.choice(texts)) or texts)}"
         return text
