@@ -40,9 +40,24 @@ def save_checkpoint(path: str, model: LayaModel, tokenizer: LayaTokenizer, confi
     os.makedirs(path, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, os.path.join(path, WEIGHTS_FILE))
-    model.encoder.config.save_pretrained(os.path.join(path, "encoder"))
+    _save_encoder_config(model.encoder.config, os.path.join(path, "encoder"))
     tokenizer.save(os.path.join(path, "tokenizer"))
     tmp = os.path.join(path, CONFIG_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(config.to_dict(), f, indent=2)
     os.replace(tmp, os.path.join(path, CONFIG_FILE))
+
+
+def _save_encoder_config(encoder_config, folder: str) -> None:
+    """transformers' `config.json`, less the `transformers_version` it stamps in: that key names the library
+    that wrote the file, not the model, and would make a checkpoint rebuilt from the same seed differ byte
+    for byte with every transformers release (the golden fixtures pin those bytes)."""
+    encoder_config.save_pretrained(folder)
+    target = os.path.join(folder, "config.json")
+    with open(target, encoding="utf-8") as f:
+        values = json.load(f)
+    values.pop("transformers_version", None)
+    tmp = target + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(values, indent=2, sort_keys=True) + "\n")    # transformers' own formatting
+    os.replace(tmp, target)

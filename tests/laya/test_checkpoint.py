@@ -36,6 +36,22 @@ def test_save_load_round_trip(laya_tiny_modernbert, tmp_path, dtype):
     assert laya.load(tmp_path / "copy").predict(state, q) == laya.load(laya_tiny_modernbert).predict(state, q)
 
 
+def test_encoder_config_bytes_do_not_name_the_transformers_release(laya_tiny_modernbert, tmp_path):
+    """A checkpoint rebuilt from the same seed must be the same bytes under any transformers release (the
+    golden fixtures pin them): the `transformers_version` stamp is left out, and transformers still reads
+    the file as the same config."""
+    from transformers import AutoConfig
+
+    model, tok, cfg = load_checkpoint(laya_tiny_modernbert)
+    save_checkpoint(tmp_path / "copy", model, tok, cfg)
+    text = (tmp_path / "copy" / "encoder" / "config.json").read_text()
+    assert "transformers_version" not in json.loads(text) and text.endswith("}\n")
+    again = AutoConfig.from_pretrained(tmp_path / "copy" / "encoder").to_diff_dict()
+    before = model.encoder.config.to_diff_dict()
+    again.pop("transformers_version", None), before.pop("transformers_version", None)
+    assert again == before
+
+
 def test_row_budget_rules(laya_tiny_modernbert):
     tok = laya.load(laya_tiny_modernbert).tokenizer
     qs = parse_questions({"q": {"type": "choice", "instructions": "Pick one", "criteria": ["alpha", "beta"]}})
