@@ -234,6 +234,7 @@ class Bf16Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None = None):
         weight = weight.to(torch.bfloat16).contiguous()
         self.bias = bias
+        self.bias_bf16 = None if bias is None else bias.to(torch.bfloat16)   # the product post-op takes its input's type
         self.activation = activation
         self.weight, self.packed = (None, torch.ops.mkldnn._reorder_linear_weight(weight, PREPACK_ROWS)) \
             if _can_prepack() else (weight, None)
@@ -256,8 +257,8 @@ class Bf16Linear:
             return (y if times is None else y * times.float()).to(torch.bfloat16)
         if times is not None:
             assert self.activation is None, "oneDNN takes one post-op here: an activation or a product"
-            bias = None if self.bias is None else self.bias.to(torch.bfloat16)   # this op takes its input's type
-            return torch.ops.mkldnn._linear_pointwise.binary(x, times.to(torch.bfloat16), self.packed, bias, "mul")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, times.to(torch.bfloat16), self.packed, self.bias_bf16,
+                                                             "mul")
         attr, algorithm = _POST_OP[self.activation] if self.activation else ("none", "")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], algorithm)
 
