@@ -8,10 +8,12 @@ one token axis without padding, so each weight is one bf16 GEMM over all tokens 
 converted to bf16 once, at load), attention runs row by row over exactly that row's tokens, and every
 other op works token by token.
 
-Why a row's bits cannot depend on its batch mates: oneDNN's bf16 GEMM computes each output row with
-the same kernel and the same reduction order whatever the row count M and the row's place in the
-matrix (checked by the tests, as for onnxruntime's kernels), layer norms and activations are per
-token, and attention never sees another row. What stays fp32: the residual stream, layer norms,
+Why a row's bits cannot depend on its batch mates: every bf16 GEMM call has one of a few row counts
+M at which this machine's GEMM was measured, at load, to give each row the same bits as a call of 64
+rows does, wherever the row sits (`Bf16Linear.rows_ok`); calls are padded up to such a count or cut into
+such blocks. oneDNN picks its kernel and its K blocking by M: on an AMX CPU a row's result differs
+between M = 16, 57, 170 and 1,000 (up to 0.04 in a logit), so M itself cannot follow the call's
+token count. Layer norms and activations are per token, and attention never sees another row. What stays fp32: the residual stream, layer norms,
 rotary embeddings, attention, and the output layers (scorer, act head), which are a sliver of the
 FLOPs. What is bf16: the inputs and outputs of the large linears, i.e. almost all of the arithmetic.
 
@@ -26,6 +28,7 @@ once, by the next GEMM; one rounding fewer, too.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 from laya.config import LayaConfig
 from laya.engine import HEAD_DIM, RowOutput, act_features, softmax
 from laya.layout import check_shapes
-from laya.onnx_graph import HEAD_EPS, EncoderSpec, LayaGraph
+from laya.onnx_graph import HEAD_EPS, EncoderSpec, LayaGraph, Unsupported
 from laya.packing import Packed, chunk_tokens, pack, token_chunks
 from laya.precision import Plan
 from laya.rows import Row
@@ -72,7 +75,8 @@ class PackedEngine:
         return torch.from_numpy(np.array(self.weights.float32(name), dtype=np.float32))
 
     def _linear(self, weights: list[str], biases: list[str] | None = None, enabled: bool = True,
-                rows: slice | torch.Tensor | None = None, activation: str | None = None) -> Bf16Linear:
+                rows: slice | torch.Tensor | None = None, activation: str | None = None,
+                product: bool = False) -> Bf16Linear:
         """One bf16 linear from checkpoint weights [out, in], several stacked along `out` (q, k and v as one
         GEMM); `rows` takes a range (or a reordering) of the outputs; biases only if `enabled` and stored."""
         w = torch.cat([self._f32(n) for n in weights])
@@ -81,7 +85,7 @@ class PackedEngine:
             b = torch.cat([self._f32(n) for n in biases])
         if rows is not None:
             w, b = w[rows], (b[rows] if b is not None else None)
-        return Bf16Linear(w, b, activation)
+        return Bf16Linear(w, b, activation, product)
 
     def _load(self) -> None:
         s, p = self.spec, "encoder."
@@ -106,7 +110,7 @@ class PackedEngine:
                     "out": L([lp + "attn.Wo.weight"], [lp + "attn.Wo.bias"], s.attention_bias),
                     "mlp_norm": self._norm_params(lp + "mlp_norm", s.norm_bias),
                     # GeGLU as two GEMMs: act(x Wi_in) in one, times (x Wi_gate) in the other's post-op.
-                    "wi_act": L(*wi, rows=inp, activation=s.activation), "wi_gate": L(*wi, rows=gate),
+                    "wi_act": L(*wi, rows=inp, activation=s.activation), "wi_gate": L(*wi, rows=gate, product=True),
                     "wo": L([lp + "mlp.Wo.weight"], [lp + "mlp.Wo.bias"], s.mlp_bias)})
             self.final_norm = self._norm_params(p + "final_norm", s.norm_bias)
         else:
@@ -146,6 +150,9 @@ class PackedEngine:
         self.act_head = [self._f32(n) for n in ("act_head.0.weight", "act_head.0.bias", "act_head.2.weight",
                                                 "act_head.2.bias")]
 
+    def _stream_rows_ok(self, rows: int) -> bool:
+        return all(linear.rows_ok(rows) for name, linear in self.layers[-1].items() if isinstance(linear, Bf16Linear))
+
     def _norm_params(self, prefix: str, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._f32(prefix + ".weight"), (self._f32(prefix + ".bias") if bias and prefix + ".bias" in self.weights
                                                else None)
@@ -153,6 +160,8 @@ class PackedEngine:
     def describe(self) -> dict:
         return {**self.plan.summary(), "threads": self.threads, "load_s": round(self.load_s, 2),
                 "tokens_per_run": self.chunk_tokens, "rows_per_forward": "packed",
+                "gemm_rows": f"{MIN_ROWS}-{MAX_ROWS} per call, each count checked at first use to give a row the "
+                             f"bits of a {MIN_ROWS}-row call",
                 "bf16": {"linears": "bf16 weights and inputs (oneDNN), feed-forward activations fused into their GEMMs",
                          "fp32": "residual stream, norms, attention, scorer and act head"}}
 
@@ -163,10 +172,14 @@ class PackedEngine:
         return [out for chunk in token_chunks(rows, self.chunk_tokens) for out in self._run(pack(chunk))]
 
     def _run(self, b: Packed) -> list[RowOutput]:
-        ids, positions = torch.from_numpy(b.input_ids), torch.from_numpy(b.positions)
+        # The token axis is padded once to what the encoder's GEMMs may be called with (see `Bf16Linear`),
+        # so none of them copies its input to pad it; no row attends to the padding.
+        size, calls = row_blocks(len(b.input_ids), self._stream_rows_ok)
+        ids, positions, qtype = (F.pad(torch.from_numpy(a), (0, size * calls - len(a)))
+                                 for a in (b.input_ids, b.positions, b.token_qtype))
         starts = b.row_starts.tolist()
         h = self._modernbert(ids, positions, starts) if self.spec.arch == "modernbert" else self._bert(ids, positions, starts)
-        h = h + self.type_emb[torch.from_numpy(b.token_qtype)]
+        h = h + self.type_emb[qtype]
         d = self.spec.hidden
         for layer in self.head[:-1]:
             a = _norm(h, layer["norm1"], HEAD_EPS)
@@ -223,44 +236,136 @@ class PackedEngine:
 class Bf16Linear:
     """x @ W.T (+ b) with bf16 inputs and weights, the bias added to the fp32 accumulator: `linear(x)` gives
     the result widened to fp32, `linear(x, residual=r)` r + it in one pass (the fp32 residual stream);
-    `linear.bf16(x)` the bf16 input of the next linear, with `activation` or a product `times` applied to
-    the accumulator before its one rounding.
+    `linear.bf16(x)` the bf16 input of the next linear, with `activation` (or, for a `product` linear, the
+    product with `times`) applied to the accumulator before its one rounding.
+
+    Every GEMM call has a row count at which this machine's GEMM was measured to give each row the bits it
+    gets in a call of MIN_ROWS rows (`rows_ok`): a call of other sizes is padded up, or cut into such
+    blocks. If even the reference call rounds a row by its place: `Unsupported`.
 
     The weight is reordered once, at load, into oneDNN's blocked layout when this torch can
     (`mkldnn._reorder_linear_weight`: 5-15% faster GEMMs at 64-512 rows on a Zen 5, and the same bits
     as the plain call, which the tests check); a CPU whose oneDNN has no bf16 kernels keeps the
     plain matrix, F.linear, and the activation and product as separate fp32 ops."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None = None,
+                 product: bool = False):
+        if activation is not None and product:
+            raise ValueError("oneDNN takes one post-op here: an activation or a product")
         weight = weight.to(torch.bfloat16).contiguous()
+        self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.bias_bf16 = None if bias is None else bias.to(torch.bfloat16)   # the product post-op takes its input's type
         self.activation = activation
+        self.product = product
         self.weight, self.packed = (None, torch.ops.mkldnn._reorder_linear_weight(weight, PREPACK_ROWS)) \
             if _can_prepack() else (weight, None)
+        # What the GEMM's kernel choice depends on besides the row count (and the thread count, read per call).
+        self.signature = (self.in_features, self.out_features, bias is not None, activation, product,
+                          self.packed is not None)
+        if not self.rows_ok(MIN_ROWS):
+            raise Unsupported(f"this CPU's bf16 GEMM ({self.in_features} -> {self.out_features}) rounds a row "
+                              "differently by its place in the matrix")
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.to(torch.bfloat16)
-        if self.packed is None:
-            y = F.linear(x, self.weight).float()
-            y = y if self.bias is None else y + self.bias
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return y.float() if residual is None else torch.add(residual, y)
+        blocks = self._blocks(x.size(0))
+        if len(blocks) == 1 and blocks[0][2] == x.size(0):     # one call as it stands (slices cost ~5% here)
+            y = self._gemm(x)
+            return y.float() if residual is None else torch.add(residual, y)
+        out = torch.empty(x.size(0), self.out_features)
+        for start, stop, rows in blocks:
+            y = self._gemm(_pad_rows(x[start:stop], rows))[:stop - start]
+            if residual is None:
+                out[start:stop].copy_(y)
+            else:
+                torch.add(residual[start:stop], y, out=out[start:stop])
+        return out
 
     def bf16(self, x: torch.Tensor, times: torch.Tensor | None = None) -> torch.Tensor:
+        assert (times is not None) == self.product, "a product linear takes `times`, no other does"
         x = x.to(torch.bfloat16)
+        times = None if times is None else times.to(torch.bfloat16)
+        blocks = self._blocks(x.size(0))
+        if len(blocks) == 1 and blocks[0][2] == x.size(0):
+            return self._gemm(x, times, narrow=True)
+        parts = [self._gemm(_pad_rows(x[start:stop], rows),
+                            None if times is None else _pad_rows(times[start:stop], rows), narrow=True)[:stop - start]
+                 for start, stop, rows in blocks]
+        if not parts:
+            return x.new_zeros((0, self.out_features))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def rows_ok(self, rows: int) -> bool:
+        """Whether a call of `rows` rows gives every row the bits it gets in a call of MIN_ROWS rows (for
+        the reference count itself: whatever its place in the call). Measured once per process for each
+        signature, thread count and row count, on this linear's weights and random rows: oneDNN chooses its
+        kernel and K blocking by the row count, threads and CPU (on an AMX CPU a K = 3,072 GEMM disagrees
+        with the 64-row calls at 170 rows and at most counts above 160), so no count is assumed safe."""
+        key = (*self.signature, torch.get_num_threads(), rows)
+        if key not in _ROWS_OK:
+            _ROWS_OK[key] = self._measure_rows(rows)
+        return _ROWS_OK[key]
+
+    def _measure_rows(self, rows: int) -> bool:
+        base = MIN_ROWS
+        n = -(-max(rows, base + base // 2) // base) * base            # whole reference calls
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(n, self.in_features, generator=g).bfloat16()
+        t = torch.randn(n, self.out_features, generator=g).bfloat16() if self.product else None
+        narrow = self.activation is not None or self.product
+
+        def run(start: int, stop: int) -> torch.Tensor:
+            return self._gemm(x[start:stop], None if t is None else t[start:stop], narrow)
+
+        reference = torch.cat([run(start, start + base) for start in range(0, n, base)])
+        if rows == base:                                             # the same rows, another place in the call
+            return torch.equal(run(base // 2, base // 2 + base), reference[base // 2:base // 2 + base])
+        return torch.equal(run(0, rows), reference[:rows])
+
+    def _blocks(self, n: int) -> list[tuple[int, int, int]]:
+        """(start, stop, rows of the call) covering n rows (the last call padded up to its rows)."""
+        if n == 0:
+            return []
+        size, _ = row_blocks(n, self.rows_ok)
+        return [(start, min(start + size, n), size) for start in range(0, n, size)]
+
+    def _gemm(self, x: torch.Tensor, times: torch.Tensor | None = None, narrow: bool = False) -> torch.Tensor:
+        """One GEMM call on bf16 `x`: fp32 out (bias only), or with `narrow` the post-op's bf16 out."""
         if self.packed is None:
             y = F.linear(x, self.weight).float()
             y = y if self.bias is None else y + self.bias
+            if not narrow:
+                return y
             y = y if self.activation is None else _ACT[self.activation](y)
             return (y if times is None else y * times.float()).to(torch.bfloat16)
         if times is not None:
-            assert self.activation is None, "oneDNN takes one post-op here: an activation or a product"
-            return torch.ops.mkldnn._linear_pointwise.binary(x, times.to(torch.bfloat16), self.packed, self.bias_bf16,
-                                                             "mul")
-        attr, algorithm = _POST_OP[self.activation] if self.activation else ("none", "")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, times, self.packed, self.bias_bf16, "mul")
+        attr, algorithm = _POST_OP[self.activation] if narrow and self.activation else ("none", "")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], algorithm)
+
+
+# A bf16 GEMM call has MIN_ROWS to MAX_ROWS rows; MIN_ROWS is the reference every other count is checked
+# against (fewer rows are padded up to it: oneDNN runs other kernels below it).
+MIN_ROWS, MAX_ROWS = 64, 512
+_ROWS_OK: dict[tuple, bool] = {}     # (signature, threads, rows) -> measured once per process
+
+
+def row_blocks(n: int, ok: Callable[[int], bool]) -> tuple[int, int]:
+    """(rows per call, calls) for n > 0 rows: as few calls as MAX_ROWS allows, each of the fewest rows that many
+    calls need if `ok` accepts that count, else of the next multiple of 32 it accepts, else one call more.
+    Ends: `ok(MIN_ROWS)` holds for every linear the engine built."""
+    calls = -(-n // MAX_ROWS)
+    while True:
+        need = max(MIN_ROWS, -(-n // calls))
+        for count in (need, *range(-(-need // 32) * 32, MAX_ROWS + 1, 32)):
+            if ok(count):
+                return count, calls
+        calls += 1
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return x if x.size(0) == rows else F.pad(x, (0, 0, 0, rows - x.size(0)))
 
 
 PREPACK_ROWS = 512     # the row count oneDNN's weight layout is chosen for; any count runs on it
@@ -335,4 +440,5 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_starts: list
             idx = torch.arange(n)
             scores.masked_fill_((idx[:, None] - idx[None, :]).abs() > window, float("-inf"))
         out[qs].copy_(torch.bmm(torch.softmax(scores, -1), v[:, ks]).transpose(0, 1))
+    out[q_starts[-1]:] = 0                         # padding tokens, in no row
     return out.flatten(1)

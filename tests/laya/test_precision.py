@@ -139,7 +139,7 @@ def test_fused_bf16_linears_keep_rows_independent(monkeypatch, prepacked):
         assert (full.float() - fn(pre)).abs().max() < 0.05, activation      # bf16 rounding of values up to ~4
         for rows, offset in ((1, 0), (7, 3), (64, 100), (129, 40), (299, 1)):
             assert torch.equal(lin.bf16(x[offset:offset + rows]), full[offset:offset + rows]), (activation, rows)
-    lin = packed_engine.Bf16Linear(w, b)
+    lin = packed_engine.Bf16Linear(w, b, product=True)
     full = lin.bf16(x, times=gate)
     assert (full.float() - pre * gate.float()).abs().max() < 0.1
     for rows, offset in ((1, 0), (7, 3), (129, 40)):
@@ -173,3 +173,68 @@ def test_interleaved_rotary_matches_rotate_half():
     assert q.shape == (heads, n, hd)
     scores_ref = torch.einsum("qhd,khd->hqk", q_ref, k_ref)
     assert torch.allclose(torch.einsum("hqd,hkd->hqk", q, k), scores_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("prepacked", [True, False], ids=["onednn", "plain-fallback"])
+def test_bf16_linears_of_model_size_keep_rows_independent(monkeypatch, prepacked):
+    """At a model's real widths oneDNN picks its kernel and K blocking by the row count (on an AMX CPU a row's
+    bits differed between calls of 16, 57, 170 and 1,000 rows), so `Bf16Linear` only calls the GEMM with row
+    counts measured to agree: a row's bits must not depend on how many rows share the call or where it sits."""
+    import torch
+
+    from laya import packed_engine
+
+    if prepacked and not packed_engine._can_prepack():
+        pytest.skip("this torch's oneDNN has no bf16 linear kernels: the engine runs F.linear")
+    if not prepacked:
+        monkeypatch.setattr(packed_engine, "_can_prepack", lambda: False)
+    torch.manual_seed(0)
+    x = torch.randn(1100, 3072)
+    for k, n, bias, activation, product in ((768, 2304, False, None, False), (1152, 768, True, None, False),
+                                            (3072, 768, True, None, False), (768, 1152, False, "gelu", False),
+                                            (768, 1152, False, None, True)):
+        lin = packed_engine.Bf16Linear(torch.randn(n, k) * k ** -0.5, torch.randn(n) if bias else None, activation,
+                                       product)
+        times = torch.randn(1100, n).bfloat16() if product else None
+
+        def call(a: int, b: int, lin=lin, k=k, times=times) -> torch.Tensor:
+            if lin.product:
+                return lin.bf16(x[a:b, :k], times[a:b])
+            return lin.bf16(x[a:b, :k]) if lin.activation else lin(x[a:b, :k])
+
+        full = call(0, 1100)
+        for rows, offset in ((1, 0), (16, 5), (57, 300), (170, 0), (170, 401), (300, 7), (700, 400)):
+            assert torch.equal(call(offset, offset + rows), full[offset:offset + rows]), (k, n, activation, rows)
+
+
+@pytest.mark.parametrize("engine", ["bf16", "exact", "int8"])
+def test_engines_of_model_size_answer_alike_whatever_shares_the_call(laya_checkpoint, engine):
+    """Each CPU engine at ModernBERT-base widths (one encoder layer, the two 768-wide head layers, where the
+    GEMMs' kernel choices are those of the real model): a row answered alone, with its own question mates,
+    or in a crowd of other states gives the same bits."""
+    from laya.testing import MODERNBERT_BASE, packed_bf16_agent
+
+    path = laya_checkpoint(arch="modernbert", hidden=768, layers=1, head_layers=2, local_attention=128,
+                           encoder_overrides={k: v for k, v in MODERNBERT_BASE.items() if k != "vocab_size"})
+    agent = packed_bf16_agent(path) if engine == "bf16" else laya.load(path, precision=engine)
+    rows = agent.prepare(STATE, QUESTIONS).rows
+    crowd = [r for s in ("the server is down " * 12, ["user: hi", "user: cancel"], "refund " * 40)
+             for r in agent.prepare(s, QUESTIONS).rows]
+    alone = [agent.forward([r])[0] for r in rows]
+    for got in (agent.forward(rows), agent.forward(crowd[:4] + rows + crowd * 3)[4:4 + len(rows)]):
+        for a, b in zip(alone, got):
+            assert np.array_equal(a.logits, b.logits) and np.array_equal(a.act_probabilities, b.act_probabilities)
+
+
+def test_bf16_is_refused_where_the_gemm_rounds_a_row_by_its_place(monkeypatch, laya_tiny_modernbert):
+    """If even the reference row count gives a row different bits at another place in the call, no padding
+    can keep rows independent: the packed engine refuses and `laya.load` runs the torch model (autocast, one
+    row per forward), saying why."""
+    from laya import packed_engine
+
+    monkeypatch.setattr(precision, "detect", lambda: AMX)
+    monkeypatch.setattr(packed_engine.Bf16Linear, "_measure_rows", lambda self, rows: False)
+    monkeypatch.setattr(packed_engine, "_ROWS_OK", {})
+    with pytest.warns(RuntimeWarning, match="rounds a row differently by its place"):
+        agent = laya.load(laya_tiny_modernbert, precision="bf16")
+    assert agent.engine.describe()["rows_per_forward"] != "packed"
