@@ -286,11 +286,32 @@ def run(model: str | None, iters: int = 20, device: str = "cpu", reference: str 
         print("(no reference runtime: pass --reference PYTHON with the official laya installed)")
     for name, agent in agents.items():
         print(f"{name}: {json.dumps(agent.engine.describe())}")
+    for name, agent in agents.items():
+        gap = batch_mate_gap(agent, state, questions)
+        print(f"{name}: the scenario's rows alone, together and in a crowd of other states: "
+              + ("bit-identical" if gap == 0 else f"NOT bit-identical (max |delta logit| {gap:.2e})"))
     if cold:
         cold_start(model, cold, threads, ref_python if ref is not None else None)
     if agreement:
         report_agreement(threads)
     return 0
+
+
+# States whose rows share a forward with the scenario's in `batch_mate_gap` (lengths unlike its own).
+CROWD = ("The export button does nothing since this morning. " * 6, ["user: hi", "user: I want to cancel"],
+         {"plan": "team", "seats": 40, "overdue_invoices": 2})
+
+
+def batch_mate_gap(agent, state: Any, questions: dict) -> float:
+    """The largest |logit| difference between each of the scenario's rows answered alone and the same row in one
+    forward with its own mates, then inside a crowd of other states' rows: 0.0 is the determinism the
+    engines promise (a row's bits never depend on what shares its call)."""
+    rows = agent.prepare(state, questions).rows
+    crowd = [r for s in CROWD for r in agent.prepare(s, questions).rows]
+    alone = [agent.forward([r])[0].logits for r in rows]
+    together = [o.logits for o in agent.forward(rows)]
+    mixed = [o.logits for o in agent.forward(crowd[:2] + rows + crowd[2:])[2:2 + len(rows)]]
+    return max(float(np.abs(a - b).max()) for got in (together, mixed) for a, b in zip(alone, got))
 
 
 def cold_start(model: str, n: int, threads: int, ref_python: str | None) -> None:

@@ -41,3 +41,26 @@ def test_bench_decide_agreement_prints_the_report(laya_tiny_bert, capsys):
     out = capsys.readouterr().out
     assert "held-out set agreement.json: 90 states, 290 answers" in out, out
     assert "95% interval" in out and "decisive answers (margin >= 0.05)" in out, out
+    assert "pagoda exact: the scenario's rows alone, together and in a crowd of other states: bit-identical" in out
+
+
+def test_batch_mate_gap_sees_a_row_that_depends_on_its_mates(laya_tiny_bert, monkeypatch):
+    """The bench's determinism line is not a constant: an engine whose answers move with what shares the
+    forward reads as not bit-identical."""
+    import laya
+    from laya.bench import batch_mate_gap
+    from laya.scenarios import load as scenario
+
+    agent = laya.load(laya_tiny_bert)
+    state, questions = scenario("billing")
+    assert batch_mate_gap(agent, state, questions) == 0.0
+    forward = agent.forward
+
+    def crowd_sensitive(rows):
+        out = forward(rows)
+        for o in out:
+            o.logits[:] += 1e-3 * len(rows)
+        return out
+
+    monkeypatch.setattr(agent, "forward", crowd_sensitive)
+    assert batch_mate_gap(agent, state, questions) > 0
