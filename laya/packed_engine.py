@@ -303,8 +303,8 @@ class Bf16Linear:
         kernel and K blocking by the row count, threads and CPU (on an AMX CPU a K = 3,072 GEMM disagrees
         with the 64-row calls at 170 rows and at most counts above 160), so no count is assumed safe."""
         key = (*self.signature, torch.get_num_threads(), rows)
-        if key not in _ROWS_OK:
-            _ROWS_OK[key] = self._measure_rows(rows)
+        if key not in _ROWS_OK:     # every other count is compared with the reference: it must hold first
+            _ROWS_OK[key] = (rows == MIN_ROWS or self.rows_ok(MIN_ROWS)) and self._measure_rows(rows)
         return _ROWS_OK[key]
 
     def _measure_rows(self, rows: int) -> bool:

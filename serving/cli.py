@@ -61,6 +61,9 @@ def register(commands, bench) -> None:
     b.add_argument("--max-wait-ms", type=float, default=None, help="batcher wait (default: the server's)")
     b.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads in the server (0: torch default; 1 keeps runs comparable on a shared box)")
+    b.add_argument("--workers", type=int, default=1,
+                   help="worker processes of every pagoda server, each with --torch-threads (laya-serve gets "
+                        "workers x torch-threads threads: the same cores)")
     b.add_argument("--precision", default=None,
                    help="comma list of our precisions to serve, each its own server (exact, int8, bf16, fast; "
                         "default: $PAGODA_PRECISION, else exact)")

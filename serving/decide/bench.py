@@ -80,7 +80,7 @@ def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
     precisions = [p.strip() for p in _precisions(args).split(",") if p.strip()]
     # Closed-loop clients wait as long as a queue takes (laya-serve's do): no 504s from the default deadline.
     common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads),
-              "--request-timeout-s", "600", "--generate-model", "none"]
+              "--workers", str(args.workers), "--request-timeout-s", "600", "--generate-model", "none"]
     for flag, value in (("--model", args.model), ("--student", args.student), ("--max-wait-ms", args.max_wait_ms)):
         if value is not None:
             common += [flag, str(value)]
@@ -94,7 +94,8 @@ def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
     reference = _reference(args)
     if reference:
         modes.append(("laya-serve 0.4.15 (fp32)",
-                      lambda: LayaServe(reference, args.model or _default_model(), args.torch_threads or 0, max(levels))))
+                      lambda: LayaServe(reference, args.model or _default_model(),
+                                        args.torch_threads * args.workers if args.torch_threads else 0, max(levels))))
     return modes
 
 
@@ -159,7 +160,8 @@ def run_bench(args, levels: list[int], out: TextIO) -> int:
     off = results[modes[0][0]]
     ref = next((results[n] for n, _ in modes if n.startswith("laya-serve")), None)
     print(f"\nmodel: {args.model or args.student or 'laya-mini (embedded default)'}; {args.seconds:g}s per cell "
-          f"after {args.warmup:g}s warm-up; {args.torch_threads} model thread(s) in every server", file=out)
+          f"after {args.warmup:g}s warm-up; pagoda: {args.workers} worker process(es) x {args.torch_threads} model "
+          f"thread(s); laya-serve: {args.workers * args.torch_threads} thread(s)", file=out)
 
     def ratio(x: float, y: float) -> str:
         return f"{x / y:.2f}x" if y and y == y else "-"

@@ -82,6 +82,24 @@ def test_bench_serve_modes_skip_the_llm_and_read_the_precision(monkeypatch, flag
     assert started[-1][:2] == ["laya-serve", "/ref/bin/python"]
 
 
+def test_bench_serve_workers_give_every_server_the_same_cores(monkeypatch):
+    """`--workers W --torch-threads T`: each pagoda server runs W processes of T model threads, and laya-serve
+    (one process) gets W x T threads, so both sides compute on as many cores."""
+    import serving.decide.bench as bench
+    from serving.cli import build_parser
+
+    started = []
+    monkeypatch.setattr(bench, "ServerProcess", lambda flags: started.append(flags))
+    monkeypatch.setattr(bench, "LayaServe", lambda *a: started.append(["laya-serve", *a]))
+    args = build_parser().parse_args(["bench", "serve", "--model", str(TINY_BERT), "--reference", "/ref/bin/python",
+                                      "--workers", "2", "--torch-threads", "1", "--precision", "bf16"])
+    for _, start in bench._modes(args, [16]):
+        start()
+    for flags in started[:-1]:
+        assert flags[flags.index("--workers") + 1] == "2" and flags[flags.index("--torch-threads") + 1] == "1"
+    assert started[-1][:4] == ["laya-serve", "/ref/bin/python", str(TINY_BERT), 2]
+
+
 @pytest.mark.skipif(not __import__("laya.precision").precision.detect().bf16_units,
                     reason="bf16 is served only on a CPU with AMX-BF16 or AVX512-BF16")
 def test_server_answers_bf16_packed(tmp_path, billing_questions):
