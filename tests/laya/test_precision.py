@@ -1,7 +1,7 @@
 """Which precision runs where: features read from the CPU, bf16 refused without its units, `fast` picking
-what the machine has, the variable and the argument, and the bf16 path itself (run here on CPU with the
-units faked: the arithmetic is emulated, so only the selection and the determinism are what a CPU with
-AMX would see)."""
+what the machine has, the variable and the argument, and the bf16 path itself (on any CPU: where the
+units are faked, oneDNN emulates the arithmetic; on a CPU that has them, as CI's may, the model-width
+tests below exercise the kernels it really picks, which is where rows once depended on their mates)."""
 
 from __future__ import annotations
 
