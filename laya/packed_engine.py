@@ -8,14 +8,15 @@ one token axis without padding, so each weight is one bf16 GEMM over all tokens 
 converted to bf16 once, at load), attention runs row by row over exactly that row's tokens, and every
 other op works token by token.
 
-Why a row's bits cannot depend on its batch mates: every bf16 GEMM call has one of a few row counts
-M at which this machine's GEMM was measured, at load, to give each row the same bits as a call of 64
-rows does, wherever the row sits (`Bf16Linear.rows_ok`); calls are padded up to such a count or cut into
-such blocks. oneDNN picks its kernel and its K blocking by M: on an AMX CPU a row's result differs
-between M = 16, 57, 170 and 1,000 (up to 0.04 in a logit), so M itself cannot follow the call's
-token count. Layer norms and activations are per token, and attention never sees another row. What stays fp32: the residual stream, layer norms,
-rotary embeddings, attention, and the output layers (scorer, act head), which are a sliver of the
-FLOPs. What is bf16: the inputs and outputs of the large linears, i.e. almost all of the arithmetic.
+Why a row's bits cannot depend on its batch mates: every bf16 GEMM call has a row count M at which this
+machine's GEMM was measured, in this process, to give each row the bits a call of 64 rows gives it,
+wherever the row sits (`Bf16Linear.rows_ok`: 64 itself at load, other counts at first use); calls are
+padded up to such a count or cut into such blocks. oneDNN picks its kernel and its K blocking by M: on
+an AMX CPU a row's result differed between M = 16, 57, 170 and 1,000 (up to 0.04 in a logit), so M
+cannot simply follow the call's token count. Layer norms and activations are per token, and attention
+never sees another row. What stays fp32: the residual stream, layer norms, rotary embeddings,
+attention, and the output layers (scorer, act head), which are a sliver of the FLOPs. What is bf16:
+the inputs and outputs of the large linears, i.e. almost all of the arithmetic.
 
 Why the feed-forward activations run inside the GEMMs (oneDNN post-ops: the activation, and GeGLU's
 gate product, applied to the fp32 accumulator before the one rounding to bf16): the MLP's
@@ -151,7 +152,7 @@ class PackedEngine:
                                                 "act_head.2.bias")]
 
     def _stream_rows_ok(self, rows: int) -> bool:
-        return all(linear.rows_ok(rows) for name, linear in self.layers[-1].items() if isinstance(linear, Bf16Linear))
+        return all(linear.rows_ok(rows) for linear in self.layers[-1].values() if isinstance(linear, Bf16Linear))
 
     def _norm_params(self, prefix: str, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._f32(prefix + ".weight"), (self._f32(prefix + ".bias") if bias and prefix + ".bias" in self.weights
