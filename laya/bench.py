@@ -289,7 +289,7 @@ def run(model: str | None, iters: int = 20, device: str = "cpu", reference: str 
     for name, agent in agents.items():
         gap = batch_mate_gap(agent, state, questions)
         print(f"{name}: the scenario's rows alone, together and in a crowd of other states: "
-              + ("bit-identical" if gap == 0 else f"NOT bit-identical (max |delta logit| {gap:.2e})"))
+              + ("bit-identical" if gap == 0 else f"NOT bit-identical (max |delta| {gap:.2e})"))
     if cold:
         cold_start(model, cold, threads, ref_python if ref is not None else None)
     if agreement:
@@ -303,15 +303,16 @@ CROWD = ("The export button does nothing since this morning. " * 6, ["user: hi",
 
 
 def batch_mate_gap(agent, state: Any, questions: dict) -> float:
-    """The largest |logit| difference between each of the scenario's rows answered alone and the same row in one
-    forward with its own mates, then inside a crowd of other states' rows: 0.0 is the determinism the
-    engines promise (a row's bits never depend on what shares its call)."""
+    """The largest difference, in a logit or an act probability, between each of the scenario's rows answered
+    alone and the same row in one forward with its own mates, then inside a crowd of other states' rows:
+    0.0 is the determinism the engines promise (a row's bits never depend on what shares its call)."""
     rows = agent.prepare(state, questions).rows
     crowd = [r for s in CROWD for r in agent.prepare(s, questions).rows]
-    alone = [agent.forward([r])[0].logits for r in rows]
-    together = [o.logits for o in agent.forward(rows)]
-    mixed = [o.logits for o in agent.forward(crowd[:2] + rows + crowd[2:])[2:2 + len(rows)]]
-    return max(float(np.abs(a - b).max()) for got in (together, mixed) for a, b in zip(alone, got))
+    alone = [agent.forward([r])[0] for r in rows]
+    together = agent.forward(rows)
+    mixed = agent.forward(crowd[:2] + rows + crowd[2:])[2:2 + len(rows)]
+    return max(float(max(np.abs(a.logits - b.logits).max(), np.abs(a.act_probabilities - b.act_probabilities).max()))
+               for got in (together, mixed) for a, b in zip(alone, got))
 
 
 def cold_start(model: str, n: int, threads: int, ref_python: str | None) -> None:
