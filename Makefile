@@ -50,29 +50,21 @@ model-scratch: install
 	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) \
 	  --precision $(MODEL_PRECISION) --figures docs/img
 
-# model-finetune remakes the shipped head from its parent in git history (FINETUNE_FROM, the 8ad7380 head),
-# assembled on the installed encoder, then four `pagoda laya-mini finetune` stages (docs/laya-mini.md):
-# 250 steps of the default mix, 400 + 400 ticket-heavy steps, 300 steps of an even mix, on the current
-# ticket generator; every stage fits its temperatures on a calib file that holds the hand-written calibration
-# tickets (datasets/handwritten_tickets_calib.jsonl), so the last one lands on the shipped head's stage 5
-# (a --steps 0 refit of stage 4). The result lands in runs/laya-mini-finetuned/ and its committable head in
-# runs/laya-mini-head/ (compare with `pagoda laya-mini eval --model runs/laya-mini-finetuned`; copy that head
-# over laya/training/mini_head/ to ship it). The shipped head is untouched. ~40 min on 2 idle CPU cores.
-FINETUNE_FROM ?= 8ad7380
+# model-finetune remakes the shipped head from its parent in git history (FINETUNE_FROM: the round-3 head of
+# 1353ab1), assembled on the installed encoder, then one `pagoda laya-mini finetune` stage of 400 ticket-heavy steps
+# on the current ticket generator (round 4, docs/laya-mini.md), its temperatures fitted on a calib file that holds
+# the hand-written calibration tickets (datasets/handwritten_tickets_calib.jsonl). The result lands in
+# runs/laya-mini-finetuned/ and its committable head in runs/laya-mini-head/ (compare with `pagoda laya-mini eval
+# --model runs/laya-mini-finetuned`; copy that head over laya/training/mini_head/ to ship it). The shipped head is
+# untouched. ~4 min on 2 idle CPU cores of an AMX Xeon. The stages that made the parent: `git show 1353ab1:Makefile`.
+FINETUNE_FROM ?= 1353ab1
 FINETUNE_MIX := intents=0.35,tickets=0.55,reviews=0.05,dialogs=0.05
 model-finetune: install
 	rm -rf runs/laya-mini-prev-head && mkdir -p runs/laya-mini-prev-head
 	git archive $(FINETUNE_FROM) laya/training/mini_head | tar -x --strip-components=3 -C runs/laya-mini-prev-head
 	$(PAGODA) laya-mini build --head-dir runs/laya-mini-prev-head --out runs/laya-mini-prev --force
-	OMP_NUM_THREADS=1 $(PAGODA) laya-mini finetune --init runs/laya-mini-prev --out runs/laya-mini-ft1 \
-	  --steps 250 --threads 1
-	OMP_NUM_THREADS=2 $(PAGODA) laya-mini finetune --init runs/laya-mini-ft1 --out runs/laya-mini-ft2 \
-	  --steps 400 --threads 2 --seed 1 --mix $(FINETUNE_MIX)
-	OMP_NUM_THREADS=2 $(PAGODA) laya-mini finetune --init runs/laya-mini-ft2 --out runs/laya-mini-ft3 \
-	  --steps 400 --threads 2 --seed 2 --mix $(FINETUNE_MIX)
-	OMP_NUM_THREADS=2 $(PAGODA) laya-mini finetune --init runs/laya-mini-ft3 --out runs/laya-mini-finetuned \
-	  --steps 300 --threads 2 --seed 3 --mix intents=0.45,tickets=0.45,reviews=0.05,dialogs=0.05 \
-	  --head-dir runs/laya-mini-head
+	$(PAGODA) laya-mini finetune --init runs/laya-mini-prev --out runs/laya-mini-finetuned \
+	  --steps 400 --threads 2 --seed 6 --mix $(FINETUNE_MIX) --head-dir runs/laya-mini-head
 
 # The decision service (gunicorn, POST /decide) on the embedded laya-mini, built first if missing.
 # Flags and PAGODA_* variables configure it (docs/serving.md): make serve SERVE_ARGS="--port 9000".

@@ -30,6 +30,24 @@ def test_ticket_generator_is_deterministic_and_labelled():
     assert lengths[-1] > 2 * lengths[0]
 
 
+def test_ticket_urgency_follows_the_text():
+    """A ticket that says nothing about time has the urgency its problem implies (a stopped business is blocking,
+    a fault "soon", an inquiry "not urgent", a churn threat at least "soon"); every other urgency is said."""
+    a = tickets.generate(2000, seed=11)
+    implied = {"blocking": 2, "fault": 1, "inquiry": 0}
+    for t in a:
+        if not t["urgency_said"]:
+            assert t["urgency"] == max(implied[t["kind"]], 1 if t["churn"] else 0), t
+    for kind, level in implied.items():   # each kind appears both with and without a cue, at every level it allows
+        assert {t["urgency_said"] for t in a if t["kind"] == kind} == {False, True}
+        uncued = [t for t in a if t["kind"] == kind and not t["urgency_said"] and not t["churn"]]
+        assert uncued and {t["urgency"] for t in uncued} == {level}
+    assert {t["urgency"] for t in a if t["kind"] == "fault" and t["urgency_said"]} == {0, 1, 2}
+    impact = [t for t in a if t["kind"] == "blocking" and not t["urgency_said"]]
+    cues = [c.lower() for level in tickets._URGENCY_CUES for c in level]
+    assert not any(c in t["text"].lower() for t in impact for c in cues)
+
+
 def test_ticket_generator_rejects_bad_arguments():
     with pytest.raises(ValueError, match="departments"):
         tickets.generate(3, seed=0, departments=("billing", "plumbing"))
