@@ -110,9 +110,9 @@ $(REFVENV)/bin/python:
 # (datasets/handwritten_tickets_student.jsonl) as written plus STUDENT_VARIANTS perturbed copies each, so the
 # student sees text the ticket generator does not write; a 3-layer student started from laya-mini's own
 # encoder layers learns department/urgency/churn, exported to ONNX (int8) with a report that also measures
-# agreement with the teacher on the hand-written evaluation tickets (0.919 / 0.878 / 0.932 int8, against
-# 0.865 / 0.824 / 0.946 without the hand-written texts). About 19 minutes on 2 idle CPU cores, 5.5 of them
-# labelling. Rerunning resumes; another corpus needs a fresh output folder (the labels say so).
+# agreement with the teacher on the hand-written evaluation tickets (0.932 / 0.851 / 0.946 int8 with the round-4
+# laya-mini; 0.919 / 0.878 / 0.932 with round 3, 0.865 / 0.824 / 0.946 without the hand-written texts).
+# About 22 minutes on 2 idle CPU cores, 7 of them labelling. Rerunning resumes; another corpus needs a fresh output folder (the labels say so).
 STUDENT_TICKETS ?= 6000
 STUDENT_UTTERANCES ?= 2000
 STUDENT_TRUNCATED ?= 0.15
