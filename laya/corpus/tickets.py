@@ -168,7 +168,6 @@ _INQUIRIES: dict[str, tuple[str, ...]] = {
         "Is there a reseller program for agencies?",
     ),
 }
-_PROBLEMS = {d: _FAULTS[d] + _INQUIRIES[d] for d in _FAULTS}
 
 _URGENCY_CUES: tuple[tuple[str, ...], ...] = (
     ("No rush on this.", "Whenever you get a chance.", "Just curious, no hurry.", "It's not urgent.",
@@ -331,7 +330,7 @@ def _impact(department: str, rng: random.Random) -> str:
         who=rng.choice(_IMPACT_WHO), where=rng.choice(_IMPACT_WHERE), since=rng.choice(_IMPACT_SINCE),
         feature=rng.choice(_FEATURES), error=rng.choice(_ERRORS))
     consequence = rng.choice(_IMPACT_CONSEQUENCES)
-    return (text[0].upper() + text[1:] + "." + (" " + consequence if consequence else "")).strip()
+    return text[0].upper() + text[1:] + "." + (" " + consequence if consequence else "")
 
 
 def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> dict:
@@ -409,8 +408,8 @@ def generate(n: int, seed: int, departments: tuple[str, ...] = DEPARTMENTS) -> l
     """
     if n < 0:
         raise ValueError(f"tickets.generate: n must be >= 0, got {n!r}")
-    unknown = set(departments) - set(_PROBLEMS)
+    unknown = set(departments) - set(_FAULTS)
     if unknown or not departments:
-        raise ValueError(f"tickets.generate: departments must be a non-empty subset of {sorted(_PROBLEMS)}, got {departments!r}")
+        raise ValueError(f"tickets.generate: departments must be a non-empty subset of {sorted(_FAULTS)}, got {departments!r}")
     rng = random.Random(seed)
     return [ticket(rng, tuple(departments)) for _ in range(n)]
