@@ -2,8 +2,10 @@
 
 A worker has a fixed pool of request threads (serving/server.py) and a streamed response keeps its thread
 until the last byte, so one API could take all of them. Each API's routes take a slot before the view runs and give
-it back when the response is closed (after the last chunk of a stream, or when the client went away);
-with no slot free the request gets 503 at once, and the other API still has its own. Plain WSGI/Flask
+it back when the answer is built: a streamed response when it is closed (after the last chunk, or when the client
+went away), any other one before its bytes are written, so a client that has read an answer and asks again at once
+never finds its own finished request still holding a slot. With no slot free the request gets 503 at once, and the
+other API still has its own. Plain WSGI/Flask
 hooks only, so the budget holds under any threaded WSGI server.
 """
 
@@ -32,10 +34,13 @@ def install(app: Flask, budgets: Mapping[str, int]) -> None:
         g.thread_slot = slot
 
     @app.after_request
-    def release_on_close(response: Response) -> Response:
+    def release_when_built(response: Response) -> Response:
         slot = g.pop("thread_slot", None)
         if slot is not None:
-            response.call_on_close(slot.release)
+            if response.is_streamed:
+                response.call_on_close(slot.release)
+            else:
+                slot.release()
         return response
 
     @app.teardown_request
