@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 
 import pytest
 
 from generation import Engine, EngineConfig, lang
 from generation.lang.choices import scored_from
+from generation.lang.state import ProgramState
 from tests.generation.llama_builders import CHAT_TEMPLATE
 
 CONTEXT = ("the quick brown fox jumps over the lazy dog. paged attention keeps key value blocks in a shared pool. "
@@ -306,18 +308,36 @@ def test_a_templates_default_system_prompt_comes_with_the_first_block(tiny_llama
 
 # ---- streaming ------------------------------------------------------------------------------------------
 
-def test_streaming_yields_the_text_as_it_is_written(local):
+def test_streaming_yields_the_text_as_it_is_written(local, monkeypatch):
+    """The writer waits (up to 10 s) for the reader to take each piece, so a reader that the scheduler leaves
+    behind on a busy machine still sees pieces, not the whole text at once: how many arrive is then the
+    program's doing, not the machine's."""
     @lang.function
     def story(s):
         s += "Once: " + lang.gen("first", max_tokens=8, ignore_eos=True)
         s += "\nThen: " + lang.gen("second", max_tokens=8, ignore_eos=True)
 
+    taken, paced = threading.Semaphore(0), {"name": "*"}
+    append = ProgramState._append
+
+    def append_then_wait(self, piece, name=None):
+        append(self, piece, name)
+        if piece and (paced["name"] == "*" or name == paced["name"]):
+            taken.acquire(timeout=10)
+
+    def read(pieces):
+        for piece in pieces:
+            taken.release()
+            yield piece
+
     whole = story.run(backend=local, temperature=0)
+    monkeypatch.setattr(ProgramState, "_append", append_then_wait)
     state = story.run(backend=local, temperature=0, stream=True)
-    pieces = list(state.text_iter())
+    pieces = list(read(state.text_iter()))
     assert "".join(pieces) == whole.text() == state.text() and len(pieces) > 4
+    paced["name"] = "first"
     again = story.run(backend=local, temperature=0, stream=True)
-    first = list(again.text_iter("first"))
+    first = list(read(again.text_iter("first")))
     assert "".join(first) == whole["first"] and len(first) > 1
     assert state.error() is None
 
