@@ -5,8 +5,7 @@ until the last byte, so one API could take all of them. Each API's routes take a
 it back when the answer is built: a streamed response when it is closed (after the last chunk, or when the client
 went away), any other one before its bytes are written, so a client that has read an answer and asks again at once
 never finds its own finished request still holding a slot. With no slot free the request gets 503 at once, and the
-other API still has its own. Plain WSGI/Flask
-hooks only, so the budget holds under any threaded WSGI server.
+other API still has its own. Plain WSGI/Flask hooks only, so the budget holds under any threaded WSGI server.
 """
 
 from __future__ import annotations

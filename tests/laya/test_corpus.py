@@ -38,7 +38,7 @@ def test_ticket_urgency_follows_the_text():
     for t in a:
         if not t["urgency_said"]:
             assert t["urgency"] == max(implied[t["kind"]], 1 if t["churn"] else 0), t
-    for kind, level in implied.items():   # each kind appears both with and without a cue, at every level it allows
+    for kind, level in implied.items():   # each kind comes with and without a cue; uncued, at its own level only
         assert {t["urgency_said"] for t in a if t["kind"] == kind} == {False, True}
         uncued = [t for t in a if t["kind"] == kind and not t["urgency_said"] and not t["churn"]]
         assert uncued and {t["urgency"] for t in uncued} == {level}
