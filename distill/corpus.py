@@ -118,10 +118,11 @@ def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) ->
 
 def write_corpus(path: str | os.PathLike, n: int, seed: int = DEFAULT_SEED, *, n_utterances: int = 0,
                  truncated: float = 0.0, data: str | os.PathLike = "../shared/data",
-                 handwritten: str | os.PathLike | None = None, variants: int = 0) -> Path:
+                 handwritten: str | os.PathLike | list[str | os.PathLike] | None = None, variants: int = 0) -> Path:
     """`n` generated tickets (a `truncated` share of them also cut to their first sentence, as extra rows)
-    plus `n_utterances` shared-data utterances and the `handwritten` texts with `variants` perturbed copies
-    each, shuffled; rows without gold carry null gold columns."""
+    plus `n_utterances` shared-data utterances and the texts of the `handwritten` file(s) with `variants`
+    perturbed copies each, shuffled; rows without gold carry null gold columns. Several files are one pool:
+    a copy may borrow a sentence from any of their texts."""
     from laya.corpus import tickets
 
     if not 0 <= truncated <= 1:
@@ -133,13 +134,15 @@ def write_corpus(path: str | os.PathLike, n: int, seed: int = DEFAULT_SEED, *, n
              for c in cut if c]
     rows += [{"text": u, "department": None, "urgency": None, "churn": None, "source": "utterances"}
              for u in (utterances(data, n_utterances, rng) if n_utterances else [])]
-    if handwritten is not None:
+    if handwritten:
         from laya.corpus.handwritten import read_texts
 
         if variants < 0:
             raise ValueError(f"--handwritten-variants: must be >= 0, got {variants!r}")
+        files = [handwritten] if isinstance(handwritten, (str, os.PathLike)) else handwritten
+        texts = [t for f in files for t in read_texts(Path(f))]
         rows += [{"text": t, "department": None, "urgency": None, "churn": None, "source": "handwritten"}
-                 for t in handwritten_variants(read_texts(Path(handwritten)), variants, rng)]
+                 for t in handwritten_variants(texts, variants, rng)]
     if len(rows) > n:
         rng.shuffle(rows)
     path = Path(path)
@@ -159,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--truncated", type=float, default=0.0,
                    help="share of tickets also added cut to their first sentence (default 0)")
     p.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
-    p.add_argument("--handwritten", help="a .jsonl of hand-written texts to add (datasets/handwritten_tickets_student.jsonl)")
+    p.add_argument("--handwritten", action="append", default=[],
+                   help="a .jsonl of hand-written texts to add (its `text` field; repeatable), e.g. "
+                        "datasets/handwritten_tickets_student.jsonl")
     p.add_argument("--handwritten-variants", type=int, default=0,
                    help="perturbed copies of each hand-written text to add as well (default 0)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)

@@ -3,12 +3,13 @@ and natural text for the distilled student.
 
 Three files under `datasets/`, written by hand for issue 15 and never produced by a generator:
 `handwritten_tickets.jsonl` is evaluation only (`pagoda laya-mini eval`, the student agreement check);
-`handwritten_tickets_calib.jsonl` is calibration only. The second exists because temperatures fitted on
-the synthetic calib split alone (tickets answered ~97% right) sharpened the answers, and on natural
-text the same head is wrong more often: urgency there was overconfident (NLL 1.56 on the evaluation
-tickets). Neither is ever training data. `handwritten_tickets_student.jsonl` is text only, no gold: the
-student's corpus takes it (`python -m distill.corpus --handwritten`), labelled by the teacher, because a
-student distilled on generated tickets alone learnt the generator rather than its teacher. The three
+`handwritten_tickets_calib.jsonl` is laya-mini's calibration data. The second exists because temperatures
+fitted on the synthetic calib split alone (tickets answered ~97% right) sharpened the answers, and on
+natural text the same head is wrong more often: urgency there was overconfident (NLL 1.56 on the
+evaluation tickets). Neither is ever laya-mini training data. `handwritten_tickets_student.jsonl` is text
+only, no gold: the student's corpus takes it, and the calibration tickets' texts without their gold
+(`python -m distill.corpus --handwritten`), labelled by the teacher, because a student distilled on
+generated tickets alone learnt the generator rather than its teacher. The three
 share no text, and the student file no near-copy of an evaluation ticket (tests check both).
 """
 

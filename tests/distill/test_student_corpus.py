@@ -98,3 +98,17 @@ def test_handwritten_corpus_errors_name_the_flag(shared, tmp_path):
     bad.write_text('{"text": ""}\n')
     with pytest.raises(ValueError, match="'text'"):
         write_corpus(tmp_path / "x.jsonl", 5, data=shared, handwritten=bad)
+
+
+def test_several_handwritten_files_are_one_pool(shared, tmp_path):
+    """`--handwritten` repeats (the Makefile passes the student texts and the calibration tickets): every
+    file's texts join, each as written."""
+    from laya.corpus.handwritten import CALIB_FILE, STUDENT_FILE, default_tickets, read_texts
+
+    files = [default_tickets(STUDENT_FILE), default_tickets(CALIB_FILE)]
+    out = subprocess.run([sys.executable, "-m", "distill.corpus", "--tickets", "5", "--data", str(shared),
+                          *(a for f in files for a in ("--handwritten", str(f))), "--handwritten-variants", "1",
+                          "--out", str(tmp_path / "p.jsonl")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    texts = {r["text"] for r in read(tmp_path / "p.jsonl") if r["source"] == "handwritten"}
+    assert all(set(read_texts(f)) <= texts for f in files)
