@@ -207,6 +207,18 @@ def test_bf16_linears_of_model_size_keep_rows_independent(monkeypatch, prepacked
             assert torch.equal(call(offset, offset + rows), full[offset:offset + rows]), (k, n, activation, rows)
 
 
+def test_bf16_runs_are_sized_by_activation_bytes_not_threads():
+    """The packed engine cuts a call into runs whose fp32 activations stay cache-sized (docs/benchmarks.md):
+    512 tokens at d=768, twice that at d=384, within the GEMM's smallest call and the packing limit."""
+    from laya.packed_engine import MIN_ROWS, RUN_BYTES, run_tokens
+    from laya.packing import MAX_TOKENS
+
+    assert run_tokens(768) == 512 and run_tokens(384) == 1024
+    assert run_tokens(1 << 20) == MIN_ROWS and run_tokens(8) == MAX_TOKENS
+    for hidden in (256, 768, 1000, 1024):
+        assert run_tokens(hidden) % MIN_ROWS == 0 and run_tokens(hidden) * 4 * hidden <= RUN_BYTES
+
+
 @pytest.mark.parametrize("engine", ["bf16", "exact", "int8"])
 def test_engines_of_model_size_answer_alike_whatever_shares_the_call(laya_checkpoint, engine):
     """Each CPU engine at ModernBERT-base widths (one encoder layer, the two 768-wide head layers, where the
