@@ -380,7 +380,7 @@ def run_tokens(hidden: int) -> int:
     attention copy is its own pass over such tensors, and once they outgrow the core's cache those passes cost more
     than bigger GEMM calls save. Measured on an Intel AMX CPU (2 MiB L2 per core, docs/benchmarks.md): 16 requests'
     rows at base size ran 1.17x faster than one request at a time at 384-512 tokens per run and 1.06x at 1,024, at 1 and
-    2 threads alike; at laya-mini's d=384, 512 and 1,024 tied and 2,048 was slower."""
+    2 threads alike; at laya-mini's d=384, 512 and 1,024 tied (1,024 a hair ahead) and 2,048 was slower, at both."""
     return min(MAX_TOKENS, max(MIN_ROWS, RUN_BYTES // (4 * hidden) // MIN_ROWS * MIN_ROWS))
 
 
