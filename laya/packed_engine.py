@@ -370,7 +370,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 PREPACK_ROWS = 512     # the row count oneDNN's weight layout is chosen for; any count runs on it
-# The fp32 residual stream of one run, in bytes: a call's rows run in chunks of at most this many tokens' worth.
+# The most bytes one fp32 [tokens, hidden] activation of a run may take (`run_tokens`).
 RUN_BYTES = 3 << 19
 
 
