@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from laya import kernels
 from laya.config import LayaConfig
 from laya.engine import HEAD_DIM, RowOutput, act_features, softmax
 from laya.layout import check_shapes
@@ -66,6 +67,9 @@ class PackedEngine:
         self.threads = torch.get_num_threads()
         self.chunk_tokens = run_tokens(self.spec.hidden)
         self.head_heads = max(1, self.spec.hidden // HEAD_DIM)
+        # Rotary and attention as one compiled kernel where this machine can build it (`laya.kernels`).
+        self.fused = kernels.available() and all(
+            kernels.supports(self.spec.hidden // h) for h in (self.spec.heads, self.head_heads))
         self._load()
         self.weights.release()
         self.load_s = time.perf_counter() - started
@@ -164,7 +168,8 @@ class PackedEngine:
                 "gemm_rows": f"{MIN_ROWS}-{MAX_ROWS} per call, each count checked at first use to give a row the "
                              f"bits of a {MIN_ROWS}-row call",
                 "bf16": {"linears": "bf16 weights and inputs (oneDNN), feed-forward activations fused into their GEMMs",
-                         "fp32": "residual stream, norms, attention, scorer and act head"}}
+                         "fp32": "residual stream, norms, attention, scorer and act head"},
+                "attention": "compiled kernel with rotary (laya.kernels)" if self.fused else "torch ops"}
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -183,20 +188,19 @@ class PackedEngine:
         h = h + self.type_emb[qtype]
         d = self.spec.hidden
         for layer in self.head[:-1]:
-            a = _norm(h, layer["norm1"], HEAD_EPS)
-            q, k, v = (_heads(t, self.head_heads) for t in layer["qkv"](a).split(d, -1))
-            h = layer["out"](_attention(q, k, v, starts, starts), residual=h)
-            h = layer["w2"](layer["w1"].bf16(_norm(h, layer["norm2"], HEAD_EPS)), residual=h)
+            a = self._norm_bf16(h, layer["norm1"], HEAD_EPS)
+            h = layer["out"](self._self_attention(layer["qkv"], a, self.head_heads, starts), residual=h)
+            h = layer["w2"](layer["w1"].bf16(self._norm_bf16(h, layer["norm2"], HEAD_EPS)), residual=h)
         select = torch.from_numpy(b.select)
         picked = h[select]
         if self.head:
             # The last head layer is read only at [CLS] and the markers (as `LayaModel.infer`).
             last = self.head[-1]
-            a = _norm(h, last["norm1"], HEAD_EPS)
+            a = self._norm_bf16(h, last["norm1"], HEAD_EPS)
             k, v = (_heads(t, self.head_heads) for t in last["kv"](a).split(d, -1))
             attn = _attention(_heads(last["q"](a[select]), self.head_heads), k, v, b.select_starts.tolist(), starts)
             picked = last["out"](attn, residual=picked)
-            picked = last["w2"](last["w1"].bf16(_norm(picked, last["norm2"], HEAD_EPS)), residual=picked)
+            picked = last["w2"](last["w1"].bf16(self._norm_bf16(picked, last["norm2"], HEAD_EPS)), residual=picked)
         n0, b0, w1, b1, w3, b3 = self.scorer
         markers = picked[torch.from_numpy(b.marker_select)]
         z = F.gelu(_fp32_rows(_norm(markers, (n0, b0), HEAD_EPS), w1, b1))
@@ -209,18 +213,36 @@ class PackedEngine:
         act = _fp32_rows(F.gelu(_fp32_rows(torch.cat([cls, features], -1), a0, ab0)), a2, ab2).numpy()
         return [RowOutput(lg, softmax(a)) for lg, a in zip(per_row, act)]
 
+    def _norm_bf16(self, x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None], eps: float) -> torch.Tensor:
+        """A layer norm whose only reader is a bf16 GEMM, rounded to bf16 as it is computed where the kernels run."""
+        if self.fused and x.size(-1) % 16 == 0:
+            return kernels.layer_norm_bf16(x, wb[0], wb[1], eps)
+        return _norm(x, wb, eps).to(torch.bfloat16)
+
+    def _self_attention(self, qkv: Bf16Linear, x: torch.Tensor, heads: int, starts: list[int],
+                        rope: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+        """Each row's self-attention over the q|k|v linear of x (q and k rotated by `rope` when given): the
+        compiled kernel's bf16 result, or the torch ops' fp32 one."""
+        if self.fused:
+            return kernels.attention(qkv.bf16(x), heads, torch.tensor(starts, dtype=torch.int32), rope, window)
+        y = qkv(x)
+        d = y.size(1) // 3
+        if rope is None:
+            q, k = _heads(y[:, :d], heads), _heads(y[:, d:2 * d], heads)
+        else:
+            q, k = _rotary(y[:, :2 * d], rope, heads)
+        return _attention(q, k, _heads(y[:, 2 * d:], heads), starts, starts, window)
+
     def _modernbert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:
         s = self.spec
         x = _norm(self.tok_emb[ids].float(), self.emb_norm, s.eps)
         rope = {t: table[positions] for t, table in self.rope.items()}
         for layer in self.layers:
-            a = x if layer["attn_norm"] is None else _norm(x, layer["attn_norm"], s.eps)
-            qkv = layer["qkv"](a)
-            q, k = _rotary(qkv[:, :2 * s.hidden], rope[layer["type"]], s.heads)
-            v = _heads(qkv[:, 2 * s.hidden:], s.heads)
+            a = x if layer["attn_norm"] is None else self._norm_bf16(x, layer["attn_norm"], s.eps)
             window = s.window if layer["type"] == "sliding_attention" else None
-            x = layer["out"](_attention(q, k, v, starts, starts, window), residual=x)
-            a = _norm(x, layer["mlp_norm"], s.eps).to(torch.bfloat16)
+            x = layer["out"](self._self_attention(layer["qkv"], a, s.heads, starts, rope[layer["type"]], window),
+                             residual=x)
+            a = self._norm_bf16(x, layer["mlp_norm"], s.eps)
             x = layer["wo"](layer["wi_gate"].bf16(a, times=layer["wi_act"].bf16(a)), residual=x)
         return _norm(x, self.final_norm, s.eps)
 
@@ -228,8 +250,8 @@ class PackedEngine:
         s = self.spec
         x = _norm(self.word_emb[ids] + self.type_row + self.pos_emb[positions], self.emb_norm, s.eps)
         for layer in self.layers:
-            q, k, v = (_heads(t, s.heads) for t in layer["qkv"](x).split(s.hidden, -1))
-            x = _norm(layer["out"](_attention(q, k, v, starts, starts), residual=x), layer["norm1"], s.eps)
+            x = _norm(layer["out"](self._self_attention(layer["qkv"], x, s.heads, starts), residual=x), layer["norm1"],
+                      s.eps)
             x = _norm(layer["wo"](layer["wi"].bf16(x), residual=x), layer["norm2"], s.eps)
         return x
 
@@ -273,7 +295,11 @@ class Bf16Linear:
         blocks = self._blocks(x.size(0))
         if len(blocks) == 1 and blocks[0][2] == x.size(0):     # one call as it stands (slices cost ~5% here)
             y = self._gemm(x)
-            return y.float() if residual is None else torch.add(residual, y)
+            if residual is None:
+                return y.float()
+            if y.dtype == torch.bfloat16 and kernels.available():
+                return kernels.add_widened(residual, y)
+            return torch.add(residual, y)
         out = torch.empty(x.size(0), self.out_features)
         for start, stop, rows in blocks:
             y = self._gemm(_pad_rows(x[start:stop], rows))[:stop - start]

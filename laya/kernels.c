@@ -1,0 +1,303 @@
+/* Rotary embedding and self-attention of packed rows in one pass: bf16 q|k|v in, bf16 out.
+
+   Built and loaded by laya/fused_attention.py (why it exists is said there). Every (row, head) pair is one
+   task: its q, k and v are widened to fp32 (q and k rotated) into the task's own buffers, its scores,
+   softmax and weighted sum of v run in fp32, and the result is rounded once to bf16. A task reads only its
+   own row's tokens and every sum runs in an order fixed by that row's length, so a row's bits cannot depend
+   on its batch mates, on the thread count or on which thread ran it. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));   /* 16 floats: one AVX-512 register, two AVX2 ones */
+#define QB 4                                             /* queries per block: each key chunk loaded once for 4 */
+#define MAX_CHUNKS 8                                     /* head dims up to 128, in chunks of 16 */
+
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+/* 16 floats rounded to bf16 to nearest even, as torch's float -> bfloat16 cast does (NaN stays a quiet NaN). */
+static inline void store16_bf16(uint16_t *p, v16 x) {
+    const v16u u = (v16u)x;
+    const v16u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const v16u quiet_nan = (u >> 16) | 0x40u;
+    const v16u nan = (v16u)((u & 0x7fffffffu) > 0x7f800000u);
+    const v16u r = (nan & quiet_nan) | (~nan & rounded);
+    const v16h h = __builtin_convertvector(r, v16h);
+    memcpy(p, &h, sizeof h);
+}
+
+static inline v16 pick(v16i mask, v16 yes, v16 no) { return (v16)((mask & (v16i)yes) | (~mask & (v16i)no)); }
+
+/* exp(x) for x <= 0 (a softmax's shifted scores), within ~2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
+   polynomial for exp(r), 2^n from the exponent bits. Written out on vectors so every compiler and libm gives
+   the same bits. */
+static inline v16 exp16(v16 x) {
+    x = pick(x < -87.0f, (v16){0} - 87.0f, x);
+    const v16 t = x * 1.44269504f + 0.5f;
+    const v16i ti = __builtin_convertvector(t, v16i);                    /* toward zero */
+    const v16i ni = ti + (t < __builtin_convertvector(ti, v16));         /* floor(t): -1 where truncation rounded up */
+    const v16 n = __builtin_convertvector(ni, v16);
+    v16 r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187e-06f;
+    v16 p = r * (1.0f / 720.0f) + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * (v16)((ni + 127) << 23);
+}
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* 16 bf16 values widened to fp32 (exact). */
+static inline v16 load16_bf16(const uint16_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    return (v16)(__builtin_convertvector(h, v16u) << 16);
+}
+
+/* Horizontal max and sum of 16 lanes, in a fixed tree order. */
+static inline float hmax16(v16 x) {
+    const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7}, hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+    const v16i hi1 = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    v16 y = __builtin_shuffle(x, hi8);
+    x = pick(y > x, y, x);
+    y = __builtin_shuffle(x, hi4);
+    x = pick(y > x, y, x);
+    y = __builtin_shuffle(x, hi2);
+    x = pick(y > x, y, x);
+    y = __builtin_shuffle(x, hi1);
+    return y[0] > x[0] ? y[0] : x[0];
+}
+
+static inline float hsum16(v16 x) {
+    const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7}, hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+    x += __builtin_shuffle(x, hi8);
+    x += __builtin_shuffle(x, hi4);
+    x += __builtin_shuffle(x, hi2);
+    return x[0] + x[1];
+}
+
+/* One (row, head) task over buffers of its own: q [n4][hd] (scaled), kt [hd][np] (k transposed, zero past n),
+   v [n][hd], s [QB][np]. n4 and np: n rounded up to QB and to 32. */
+static inline __attribute__((always_inline)) void row_head(
+        const uint16_t *qkv, long ld, long q_off, long k_off, long v_off, int start, int n, const int hd,
+        const float *rope, int window, float scale, uint16_t *out, long out_ld, long out_off,
+        float *q, float *kt, float *v, float *s) {
+    const int chunks = hd / 16;
+    const int n4 = (n + QB - 1) / QB * QB, np = (n + 31) / 32 * 32;
+    const v16i even = {0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14}, odd = even + 1;
+    const v16i swap = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+    const v16 sign = {-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1};
+    for (int t = 0; t < n; t++) {
+        const uint16_t *src = qkv + (long)(start + t) * ld;
+        const float *cs = rope ? rope + (long)(start + t) * hd : NULL;
+        for (int c = 0; c < chunks; c++) {
+            v16 qc = load16_bf16(src + q_off + 16 * c), kc = load16_bf16(src + k_off + 16 * c);
+            if (cs) {   /* lanes (2j, 2j + 1) are one complex number, times cos + i sin of the token's position */
+                const v16 r = load16(cs + 16 * c);
+                const v16 cos_ = __builtin_shuffle(r, even), sin_ = __builtin_shuffle(r, odd) * sign;
+                qc = qc * cos_ + __builtin_shuffle(qc, swap) * sin_;
+                kc = kc * cos_ + __builtin_shuffle(kc, swap) * sin_;
+            }
+            store16(q + t * hd + 16 * c, qc * scale);
+            for (int k = 0; k < 16; k++) kt[(16 * c + k) * np + t] = kc[k];
+            store16(v + t * hd + 16 * c, load16_bf16(src + v_off + 16 * c));
+        }
+    }
+    memset(q + (long)n * hd, 0, sizeof(float) * (size_t)(n4 - n) * hd);
+    for (int d = 0; d < hd; d++)
+        for (int t = n; t < np; t++) kt[d * np + t] = 0.0f;
+
+    for (int i0 = 0; i0 < n4; i0 += QB) {
+        /* The keys any query of the block may see, in whole chunks of 16. */
+        int lo = 0, hi = n;
+        if (window >= 0) {
+            lo = i0 - window > 0 ? i0 - window : 0;
+            hi = i0 + QB - 1 + window + 1 < n ? i0 + QB - 1 + window + 1 : n;
+        }
+        const int c0 = lo / 32 * 32, c1 = (hi + 31) / 32 * 32;
+        /* Scores: s[b][j] = q[i0 + b] . k[j], each a sum over d in order, whatever the block or chunk. Two key
+           chunks at a time: 8 independent sums keep both FMA units busy past their latency. */
+        for (int j = c0; j < c1; j += 32) {
+            v16 acc0[QB], acc1[QB];
+            for (int b = 0; b < QB; b++) acc0[b] = acc1[b] = (v16){0};
+            for (int d = 0; d < hd; d++) {
+                const v16 k0 = load16(kt + d * np + j), k1 = load16(kt + d * np + j + 16);
+                for (int b = 0; b < QB; b++) {
+                    const float qd = q[(i0 + b) * hd + d];
+                    acc0[b] += qd * k0;
+                    acc1[b] += qd * k1;
+                }
+            }
+            for (int b = 0; b < QB; b++) {
+                store16(s + b * np + j, acc0[b]);
+                store16(s + b * np + j + 16, acc1[b]);
+            }
+        }
+        /* Softmax of each query's own keys (a row's window clipped to the row), weights left in s. */
+        float inv[QB];
+        for (int b = 0; b < QB; b++) {
+            const int i = i0 + b;
+            float *sb = s + b * np;
+            int a = 0, e = n;
+            if (window >= 0) {
+                a = i - window > 0 ? i - window : 0;
+                e = i + window + 1 < n ? i + window + 1 : n;
+            }
+            if (i >= n) { a = e = c0; }   /* a padding query: no weights */
+            /* Keys outside [a, e) get weight 0; lanes are reduced in a fixed order. */
+            v16 m16 = (v16){0} - INFINITY;
+            for (int j = c0; j < c1; j += 16) {
+                v16 x = load16(sb + j);
+                if (j < a || j + 16 > e) {
+                    const v16i idx = (v16i){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + j;
+                    x = pick((idx >= a) & (idx < e), x, (v16){0} - INFINITY);
+                }
+                m16 = pick(x > m16, x, m16);
+            }
+            const float m = hmax16(m16);
+            v16 sum16 = (v16){0};
+            for (int j = c0; j < c1; j += 16) {
+                v16 p = exp16(load16(sb + j) - m);
+                if (j < a || j + 16 > e) {
+                    const v16i idx = (v16i){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + j;
+                    p = (v16)((v16i)p & ((idx >= a) & (idx < e)));
+                }
+                store16(sb + j, p);
+                sum16 += p;
+            }
+            const float total = hsum16(sum16);
+            inv[b] = total > 0.0f ? 1.0f / total : 0.0f;
+        }
+        /* Weighted sum of v, summed over j in order. */
+        v16 acc[QB][MAX_CHUNKS];
+        for (int b = 0; b < QB; b++)
+            for (int c = 0; c < chunks; c++) acc[b][c] = (v16){0};
+        const int jn = c1 < n ? c1 : n;
+        for (int j = c0; j < jn; j++) {
+            const float *vj = v + (long)j * hd;
+            for (int c = 0; c < chunks; c++) {
+                const v16 vc = load16(vj + 16 * c);
+                for (int b = 0; b < QB; b++) acc[b][c] += s[b * np + j] * vc;
+            }
+        }
+        for (int b = 0; b < QB && i0 + b < n; b++) {
+            uint16_t *dst = out + (long)(start + i0 + b) * out_ld + out_off;
+            for (int c = 0; c < chunks; c++) store16_bf16(dst + 16 * c, acc[b][c] * inv[b]);
+        }
+    }
+}
+
+/* row_head with the head size a constant, so that its loops over head dims unroll and its accumulators stay in
+   registers. */
+#define ROW_HEAD_FOR(HD)                                                                                           \
+    static void row_head_##HD(const uint16_t *qkv, long ld, long q_off, long k_off, long v_off, int start, int n,  \
+                              const float *rope, int window, float scale, uint16_t *out, long out_ld,              \
+                              long out_off, float *q, float *kt, float *v, float *s) {                             \
+        row_head(qkv, ld, q_off, k_off, v_off, start, n, HD, rope, window, scale, out, out_ld, out_off, q, kt, v,  \
+                 s);                                                                                               \
+    }
+ROW_HEAD_FOR(16)
+ROW_HEAD_FOR(32)
+ROW_HEAD_FOR(64)
+ROW_HEAD_FOR(128)
+
+/* qkv: [tokens, ld] bf16, q of head h at columns h*hd, k at hidden + h*hd, v at 2*hidden + h*hd (with `rope`,
+   q's and k's rotate-half pairs interleaved). rope: [tokens, hd/2] complex (cos, sin) or NULL. starts: the
+   rows' first tokens and, last, their end (rows + 1 entries). window: attend only |i - j| <= window, or -1.
+   out: [tokens, hidden] bf16; tokens after the last row are zeroed. Returns 0, or -1 if a buffer could not be
+   allocated. */
+int pagoda_attention(const uint16_t *qkv, long ld, int tokens, int heads, int hd, const float *rope,
+                     const int *starts, int rows, int window, uint16_t *out, int threads) {
+    long hidden = (long)heads * hd;
+    int longest = 0;
+    for (int r = 0; r < rows; r++) {
+        int n = starts[r + 1] - starts[r];
+        longest = n > longest ? n : longest;
+    }
+    int failed = 0;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        const size_t np = (size_t)(longest + 31) / 32 * 32, per = np * hd;
+        float *buf = (hd == 16 || hd == 32 || hd == 64 || hd == 128) ? malloc(sizeof(float) * (3 * per + QB * np)) : NULL;
+        if (!buf) {
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)rows * heads; task++) {
+            if (!buf) continue;
+            int r = (int)(task / heads), h = (int)(task % heads);
+            int n = starts[r + 1] - starts[r];
+            if (n <= 0) continue;
+            void (*run)(const uint16_t *, long, long, long, long, int, int, const float *, int, float, uint16_t *,
+                        long, long, float *, float *, float *, float *) =
+                hd == 64 ? row_head_64 : hd == 32 ? row_head_32 : hd == 128 ? row_head_128 : row_head_16;
+            run(qkv, ld, h * hd, hidden + h * hd, 2 * hidden + h * hd, starts[r], n, rope, window, scale,
+                     out, hidden, h * hd, buf, buf + per, buf + 2 * per, buf + 3 * per);
+        }
+        free(buf);
+    }
+    if (rows >= 0 && starts[rows] < tokens)
+        memset(out + (long)starts[rows] * hidden, 0, sizeof(uint16_t) * (size_t)(tokens - starts[rows]) * hidden);
+    return failed ? -1 : 0;
+}
+
+
+/* out = residual + y widened: the fp32 residual stream plus a bf16 GEMM result, the one rounding of an fp32 add
+   (the bits of torch.add(residual, y)), without torch's mixed-type path, which took ~90 us a call at model
+   width. n: elements, a multiple of 16 or not. */
+void pagoda_add_widened(const float *residual, const uint16_t *y, float *out, long n, int threads) {
+    const long blocks = (n + 1023) / 1024;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (long blk = 0; blk < blocks; blk++) {
+        const long end = (blk + 1) * 1024 < n ? (blk + 1) * 1024 : n;
+        long i = blk * 1024;
+        for (; i + 16 <= end; i += 16) store16(out + i, load16(residual + i) + load16_bf16(y + i));
+        for (; i < end; i++) {
+            const uint32_t u = (uint32_t)y[i] << 16;
+            float f;
+            memcpy(&f, &u, sizeof f);
+            out[i] = residual[i] + f;
+        }
+    }
+}
+
+/* Layer norm of fp32 tokens [tokens, d] straight to the bf16 input of the next GEMM, per token (a token's bits
+   depend on that token alone): the mean, then the variance around it, each summed in 16 lanes reduced in a fixed
+   order. weight and bias may be NULL (ModernBERT's norms have no bias). d: a multiple of 16. */
+void pagoda_layer_norm_bf16(const float *x, int tokens, int d, const float *weight, const float *bias, float eps,
+                            uint16_t *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < tokens; t++) {
+        const float *xt = x + (long)t * d;
+        v16 sum16 = (v16){0};
+        for (int i = 0; i < d; i += 16) sum16 += load16(xt + i);
+        float mean = 0.0f;
+        for (int k = 0; k < 16; k++) mean += sum16[k];
+        mean /= (float)d;
+        v16 sq16 = (v16){0};
+        for (int i = 0; i < d; i += 16) {
+            const v16 c = load16(xt + i) - mean;
+            sq16 += c * c;
+        }
+        float var = 0.0f;
+        for (int k = 0; k < 16; k++) var += sq16[k];
+        const float rstd = 1.0f / sqrtf(var / (float)d + eps);
+        uint16_t *o = out + (long)t * d;
+        for (int i = 0; i < d; i += 16) {
+            v16 y = (load16(xt + i) - mean) * rstd;
+            if (weight) y = y * load16(weight + i);
+            if (bias) y = y + load16(bias + i);
+            store16_bf16(o + i, y);
+        }
+    }
+}

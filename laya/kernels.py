@@ -1,0 +1,151 @@
+"""The bf16 engine's rotary embedding and per-row attention as one compiled kernel (`kernels.c`).
+
+Why a kernel of our own: at 2 threads on an Intel AMX CPU (docs/benchmarks.md, Dec 4) the packed engine's GEMMs
+took ~36 of a 66 ms predict and the torch ops between them most of the rest. Rotary, attention and the casts
+around them were ~900 small torch calls per predict (per row and layer: two `bmm`, a softmax, copies), each
+refilling the core's L2 after a GEMM and each paying dispatch. torch.compile's guards cost more than these ops
+at these sizes, SDPA runs per row too and slower, and no CPU library does rotary plus attention over packed rows
+of different lengths with a row's bits kept independent of its batch mates. The kernel is ~150 lines of C: one
+parallel loop over (row, head) pairs that reads the Wqkv GEMM's bf16 output directly and writes the bf16 input
+of the Wo GEMM, so the fp32 widening of q|k|v, the rotated copies and the fp32 attention output are never
+materialised.
+
+It is compiled at first use with the system's C compiler (`cc`, ~0.3 s; `-march=native`, so the build is keyed
+by this CPU's flags) into `$XDG_CACHE_HOME/pagoda/kernels/` and shares torch's OpenMP runtime (the same
+`libgomp.so.1`, already loaded by torch), so its threads are torch's. Without a compiler, or with
+`PAGODA_KERNELS=0`, `available()` is False and the engine keeps its torch ops: answers then differ in
+their last bits from the kernel's (both are deterministic and batch-mate independent)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+ENV = "PAGODA_KERNELS"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagoda" / "kernels"
+    return cache / f"kernels-{key}.so"
+
+
+def build() -> Path:
+    """Compile the kernel for this CPU unless built already; returns the library's path. Raises OSError or
+    CalledProcessError when it cannot (no compiler, no OpenMP, unwritable cache)."""
+    target = _library_path()
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler (cc or gcc) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True)
+        os.replace(built, target)           # atomic: concurrent builders never load a half-written file
+    return target
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    lib.pagoda_attention.restype = ctypes.c_int
+    lib.pagoda_attention.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_int]
+    lib.pagoda_add_widened.restype = None
+    lib.pagoda_add_widened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    lib.pagoda_layer_norm_bf16.restype = None
+    lib.pagoda_layer_norm_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+HEAD_DIMS = (16, 32, 64, 128)      # the head sizes the kernel is compiled for (its loops unrolled per size)
+
+
+def supports(head_dim: int) -> bool:
+    return head_dim in HEAD_DIMS
+
+
+def attention(qkv: torch.Tensor, heads: int, starts: torch.Tensor, rope: torch.Tensor | None = None,
+              window: int | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) v of each row over its own tokens, from the bf16 [T, 3 * hidden] output of a
+    q|k|v GEMM; q and k rotated by `rope` ([T, hd / 2] complex, each token's own position; q's and k's pairs
+    interleaved as `packed_engine._interleave_rotary_pairs` orders them) when given. `starts`: int32, the rows'
+    first tokens, then their end. `window`: only |i - j| <= window. Returns bf16 [T, hidden], zero after the
+    last row. Call only when `available()`."""
+    lib = _library()
+    assert lib is not None, "fused attention is not available here"
+    assert qkv.dtype == torch.bfloat16 and qkv.stride(1) == 1 and starts.dtype == torch.int32
+    tokens, hidden = qkv.size(0), qkv.size(1) // 3
+    assert supports(hidden // heads), f"head size {hidden // heads} is not one of {HEAD_DIMS}"
+    out = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    table = None
+    if rope is not None:
+        table = torch.view_as_real(rope).contiguous()
+        assert table.size(0) == tokens and table.size(1) * 2 == hidden // heads
+    starts = starts.contiguous()
+    status = lib.pagoda_attention(qkv.data_ptr(), qkv.stride(0), tokens, heads, hidden // heads,
+                                  None if table is None else table.data_ptr(), starts.data_ptr(), starts.numel() - 1,
+                                  -1 if window is None else window, out.data_ptr(), torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("fused attention could not allocate its buffers")
+    return out
+
+
+
+def add_widened(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """residual (fp32) + y (bf16) as a new fp32 tensor: the bits of `torch.add(residual, y)`, faster."""
+    lib = _library()
+    assert lib is not None, "the compiled kernels are not available here"
+    assert residual.dtype == torch.float32 and y.dtype == torch.bfloat16 and residual.shape == y.shape
+    residual, y = residual.contiguous(), y.contiguous()
+    out = torch.empty_like(residual)
+    lib.pagoda_add_widened(residual.data_ptr(), y.data_ptr(), out.data_ptr(), out.numel(), torch.get_num_threads())
+    return out
+
+
+def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """F.layer_norm over the last dim of fp32 [T, d] `x` (d a multiple of 16), rounded once to bf16: the input of
+    a bf16 GEMM without an fp32 intermediate."""
+    lib = _library()
+    assert lib is not None, "the compiled kernels are not available here"
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.size(1) % 16 == 0
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    for t in (weight, bias):
+        assert t is None or (t.dtype == torch.float32 and t.is_contiguous() and t.numel() == x.size(1))
+    lib.pagoda_layer_norm_bf16(x.data_ptr(), x.size(0), x.size(1), None if weight is None else weight.data_ptr(),
+                               None if bias is None else bias.data_ptr(), eps, out.data_ptr(), torch.get_num_threads())
+    return out
