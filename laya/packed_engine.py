@@ -286,6 +286,7 @@ class Bf16Linear:
         # What the GEMM's kernel choice depends on besides the row count (and the thread count, read per call).
         self.signature = (self.in_features, self.out_features, bias is not None, activation, product,
                           self.packed is not None)
+        self._block_cache: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         if not self.rows_ok(MIN_ROWS):
             raise Unsupported(f"this CPU's bf16 GEMM ({self.in_features} -> {self.out_features}) rounds a row "
                               "differently by its place in the matrix")
@@ -351,11 +352,14 @@ class Bf16Linear:
         return torch.equal(run(0, rows), reference[:rows])
 
     def _blocks(self, n: int) -> list[tuple[int, int, int]]:
-        """(start, stop, rows of the call) covering n rows (the last call padded up to its rows)."""
-        if n == 0:
-            return []
-        size, _ = row_blocks(n, self.rows_ok)
-        return [(start, min(start + size, n), size) for start in range(0, n, size)]
+        """(start, stop, rows of the call) covering n rows (the last call padded up to its rows). Kept per row
+        and thread count: `row_blocks` and its checks cost ~10 us a call in Python, ~1 ms of a base predict."""
+        key = (n, torch.get_num_threads())
+        blocks = self._block_cache.get(key)
+        if blocks is None:
+            size = row_blocks(n, self.rows_ok)[0] if n else 0
+            blocks = self._block_cache[key] = [(start, min(start + size, n), size) for start in range(0, n, size or 1)]
+        return blocks
 
     def _gemm(self, x: torch.Tensor, times: torch.Tensor | None = None, narrow: bool = False) -> torch.Tensor:
         """One GEMM call on bf16 `x`: fp32 out (bias only), or with `narrow` the post-op's bf16 out."""
@@ -428,8 +432,11 @@ def _can_prepack() -> bool:
 
 
 def _fp32_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A small fp32 linear computed row by row as matrix-vector products: a BLAS may pick its GEMM kernel
-    (and so its rounding) by the row count, a row's own product cannot depend on the others."""
+    """A small fp32 linear whose rows cannot depend on each other: a BLAS may pick its GEMM kernel (and so its
+    rounding) by the row count. The compiled kernel reads the weight once for all rows; without it, one
+    matrix-vector product per row."""
+    if kernels.available():
+        return kernels.rows_linear(x, w, b)
     return torch.stack([torch.mv(w, row) for row in x]) + b if len(x) else x.new_zeros((0, w.size(0)))
 
 

@@ -140,3 +140,14 @@ def test_the_bf16_engine_with_and_without_kernels(monkeypatch, laya_tiny_modernb
         for a, b, e in zip(alone, mixed, exact.forward(rows)):
             assert np.array_equal(a.logits, b.logits)
             assert np.abs(a.logits - e.logits).max() < 0.3
+
+
+def test_rows_linear_rows_are_their_own():
+    g = torch.Generator().manual_seed(3)
+    for width in (16, 775):                     # 775: the act head's input, [CLS] plus the answer features
+        w, b, x = torch.randn(40, width, generator=g), torch.randn(40, generator=g), torch.randn(9, width, generator=g)
+        got = kernels.rows_linear(x, w, b)
+        torch.testing.assert_close(got, x @ w.T + b, atol=1e-4, rtol=1e-5)
+        for r in (0, 4, 8):
+            assert torch.equal(kernels.rows_linear(x[r:r + 1], w, b), got[r:r + 1])
+        torch.testing.assert_close(kernels.rows_linear(x, w, None) + b, got)
