@@ -273,31 +273,34 @@ void pagoda_add_widened(const float *residual, const uint16_t *y, float *out, lo
 
 /* Layer norm of fp32 tokens [tokens, d] straight to the bf16 input of the next GEMM, per token (a token's bits
    depend on that token alone): the mean, then the variance around it, each summed in 16 lanes reduced in a fixed
-   order. weight and bias may be NULL (ModernBERT's norms have no bias). d: a multiple of 16. */
-void pagoda_layer_norm_bf16(const float *x, int tokens, int d, const float *weight, const float *bias, float eps,
-                            uint16_t *out, int threads) {
+   tree. With y (a bf16 GEMM result), the norm is of x + y, which is also written to `sum` (the residual stream's
+   next value, the bits of torch.add(x, y)): one pass over the token instead of an add and a norm. weight and bias
+   may be NULL (ModernBERT's norms have no bias). d: a multiple of 16. */
+void pagoda_layer_norm_bf16(const float *x, const uint16_t *y, float *sum, int tokens, int d, const float *weight,
+                            const float *bias, float eps, uint16_t *out, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int t = 0; t < tokens; t++) {
         const float *xt = x + (long)t * d;
+        if (y) {
+            float *st = sum + (long)t * d;
+            for (int i = 0; i < d; i += 16) store16(st + i, load16(xt + i) + load16_bf16(y + (long)t * d + i));
+            xt = st;
+        }
         v16 sum16 = (v16){0};
         for (int i = 0; i < d; i += 16) sum16 += load16(xt + i);
-        float mean = 0.0f;
-        for (int k = 0; k < 16; k++) mean += sum16[k];
-        mean /= (float)d;
+        const float mean = hsum16(sum16) / (float)d;
         v16 sq16 = (v16){0};
         for (int i = 0; i < d; i += 16) {
             const v16 c = load16(xt + i) - mean;
             sq16 += c * c;
         }
-        float var = 0.0f;
-        for (int k = 0; k < 16; k++) var += sq16[k];
-        const float rstd = 1.0f / sqrtf(var / (float)d + eps);
+        const float rstd = 1.0f / sqrtf(hsum16(sq16) / (float)d + eps);
         uint16_t *o = out + (long)t * d;
         for (int i = 0; i < d; i += 16) {
-            v16 y = (load16(xt + i) - mean) * rstd;
-            if (weight) y = y * load16(weight + i);
-            if (bias) y = y + load16(bias + i);
-            store16_bf16(o + i, y);
+            v16 v = (load16(xt + i) - mean) * rstd;
+            if (weight) v = v * load16(weight + i);
+            if (bias) v = v + load16(bias + i);
+            store16_bf16(o + i, v);
         }
     }
 }

@@ -85,8 +85,9 @@ def _library() -> ctypes.CDLL | None:
     lib.pagoda_rows_linear.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.pagoda_layer_norm_bf16.restype = None
-    lib.pagoda_layer_norm_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                           ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    lib.pagoda_layer_norm_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
+                                           ctypes.c_int]
     return lib
 
 
@@ -139,19 +140,25 @@ def add_widened(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                    add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """F.layer_norm over the last dim of fp32 [T, d] `x` (d a multiple of 16), rounded once to bf16: the input of
-    a bf16 GEMM without an fp32 intermediate."""
+    a bf16 GEMM without an fp32 intermediate. With `add` (bf16, x's shape), the norm is of x + add. Returns (the
+    normed input's bf16, the fp32 tensor normed: x itself, or the new x + add)."""
     lib = _library()
     assert lib is not None, "the compiled kernels are not available here"
     assert x.dtype == torch.float32 and x.dim() == 2 and x.size(1) % 16 == 0
+    assert add is None or (add.dtype == torch.bfloat16 and add.shape == x.shape)
     x = x.contiguous()
+    add = None if add is None else add.contiguous()
     out = torch.empty(x.shape, dtype=torch.bfloat16)
+    total = x if add is None else torch.empty_like(x)
     for t in (weight, bias):
         assert t is None or (t.dtype == torch.float32 and t.is_contiguous() and t.numel() == x.size(1))
-    lib.pagoda_layer_norm_bf16(x.data_ptr(), x.size(0), x.size(1), None if weight is None else weight.data_ptr(),
+    lib.pagoda_layer_norm_bf16(x.data_ptr(), None if add is None else add.data_ptr(), total.data_ptr(), x.size(0),
+                               x.size(1), None if weight is None else weight.data_ptr(),
                                None if bias is None else bias.data_ptr(), eps, out.data_ptr(), torch.get_num_threads())
-    return out
+    return out, total
 
 
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

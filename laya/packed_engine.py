@@ -189,8 +189,9 @@ class PackedEngine:
         d = self.spec.hidden
         for layer in self.head[:-1]:
             a = self._norm_bf16(h, layer["norm1"], HEAD_EPS)
-            h = layer["out"](self._self_attention(layer["qkv"], a, self.head_heads, starts), residual=h)
-            h = layer["w2"](layer["w1"].bf16(self._norm_bf16(h, layer["norm2"], HEAD_EPS)), residual=h)
+            h, a = self._residual_norm(h, layer["out"], self._self_attention(layer["qkv"], a, self.head_heads, starts),
+                                       layer["norm2"], HEAD_EPS)
+            h = layer["w2"](layer["w1"].bf16(a), residual=h)
         select = torch.from_numpy(b.select)
         picked = h[select]
         if self.head:
@@ -216,8 +217,19 @@ class PackedEngine:
     def _norm_bf16(self, x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None], eps: float) -> torch.Tensor:
         """A layer norm whose only reader is a bf16 GEMM, rounded to bf16 as it is computed where the kernels run."""
         if self.fused and x.size(-1) % 16 == 0:
-            return kernels.layer_norm_bf16(x, wb[0], wb[1], eps)
+            return kernels.layer_norm_bf16(x, wb[0], wb[1], eps)[0]
         return _norm(x, wb, eps).to(torch.bfloat16)
+
+    def _residual_norm(self, x: torch.Tensor, linear: Bf16Linear, inp: torch.Tensor,
+                       wb: tuple[torch.Tensor, torch.Tensor | None], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + linear(inp), its layer norm in bf16): the residual stream's next value and the next GEMM's input,
+        in one pass where the kernels run (the same bits for the sum as `linear(inp, residual=x)`: on oneDNN the
+        GEMM's bf16 output is what both add)."""
+        if self.fused and linear.packed is not None and x.size(-1) % 16 == 0:
+            a, x = kernels.layer_norm_bf16(x, wb[0], wb[1], eps, add=linear.bf16(inp))
+            return x, a
+        x = linear(inp, residual=x)
+        return x, self._norm_bf16(x, wb, eps)
 
     def _self_attention(self, qkv: Bf16Linear, x: torch.Tensor, heads: int, starts: list[int],
                         rope: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
@@ -237,13 +249,17 @@ class PackedEngine:
         s = self.spec
         x = _norm(self.tok_emb[ids].float(), self.emb_norm, s.eps)
         rope = {t: table[positions] for t, table in self.rope.items()}
+        mlp_out: tuple[Bf16Linear, torch.Tensor] | None = None      # the last layer's, added with the next norm
         for layer in self.layers:
-            a = x if layer["attn_norm"] is None else self._norm_bf16(x, layer["attn_norm"], s.eps)
+            if layer["attn_norm"] is None:                              # the first layer reads the embeddings as they are
+                a = x
+            else:
+                x, a = self._residual_norm(x, *mlp_out, layer["attn_norm"], s.eps)
             window = s.window if layer["type"] == "sliding_attention" else None
-            x = layer["out"](self._self_attention(layer["qkv"], a, s.heads, starts, rope[layer["type"]], window),
-                             residual=x)
-            a = self._norm_bf16(x, layer["mlp_norm"], s.eps)
-            x = layer["wo"](layer["wi_gate"].bf16(a, times=layer["wi_act"].bf16(a)), residual=x)
+            attn = self._self_attention(layer["qkv"], a, s.heads, starts, rope[layer["type"]], window)
+            x, a = self._residual_norm(x, layer["out"], attn, layer["mlp_norm"], s.eps)
+            mlp_out = layer["wo"], layer["wi_gate"].bf16(a, times=layer["wi_act"].bf16(a))
+        x = mlp_out[0](mlp_out[1], residual=x)
         return _norm(x, self.final_norm, s.eps)
 
     def _bert(self, ids: torch.Tensor, positions: torch.Tensor, starts: list[int]) -> torch.Tensor:

@@ -86,13 +86,14 @@ def test_layer_norm_bf16_is_layer_norm_rounded_once(affine):
     x = torch.randn(70, 768, generator=g) * 4 + 2
     w = torch.randn(768, generator=g) if affine != "none" else None
     b = torch.randn(768, generator=g) if affine == "weight and bias" else None
-    got = kernels.layer_norm_bf16(x, w, b, 1e-5)
+    got, same = kernels.layer_norm_bf16(x, w, b, 1e-5)
+    assert same is x
     want = F.layer_norm(x, (768,), w, b, 1e-5)
     assert got.dtype == torch.bfloat16
     # at most one bf16 step (2^-8 relative) from the fp32 value: the fp32 sums may differ in their last bits
     assert ((got.float() - want).abs() <= want.abs() * 2 ** -8 + 1e-6).all()
     for t in (0, 33, 69):                      # a token's bits are its own
-        assert torch.equal(kernels.layer_norm_bf16(x[t:t + 1], w, b, 1e-5), got[t:t + 1])
+        assert torch.equal(kernels.layer_norm_bf16(x[t:t + 1], w, b, 1e-5)[0], got[t:t + 1])
 
 
 def test_the_build_is_cached_keyed_and_can_be_switched_off(monkeypatch, tmp_path):
@@ -151,3 +152,13 @@ def test_rows_linear_rows_are_their_own():
         for r in (0, 4, 8):
             assert torch.equal(kernels.rows_linear(x[r:r + 1], w, b), got[r:r + 1])
         torch.testing.assert_close(kernels.rows_linear(x, w, None) + b, got)
+
+
+def test_layer_norm_of_a_sum_is_the_add_then_the_norm():
+    """The residual add fused into the next norm: the sum has torch.add's bits, the norm is the sum's norm."""
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(33, 768, generator=g) * 3, (torch.randn(33, 768, generator=g) * 2).bfloat16()
+    w = torch.randn(768, generator=g)
+    a, total = kernels.layer_norm_bf16(x, w, None, 1e-5, add=y)
+    assert torch.equal(total, torch.add(x, y))
+    assert torch.equal(a, kernels.layer_norm_bf16(total, w, None, 1e-5)[0])
