@@ -85,36 +85,47 @@ static inline float hsum16(v16 x) {
     return x[0] + x[1];
 }
 
-/* One (row, head) task over buffers of its own: q [n4][hd] (scaled), kt [hd][np] (k transposed, zero past n),
-   v [n][hd], s [QB][np]. n4 and np: n rounded up to QB and to 32. */
+/* One (row, head) task: nq queries (q rows q0.., q at column q_off) attend to nk keys (kv rows k0.., k at
+   k_off, v at v_off), over buffers of the task's own: q [nq4][hd] (scaled), kt [hd][np] (k transposed, zero past
+   nk), v [nk][hd], s [QB][np]; nq4 and np: nq rounded up to QB, nk to 32. With `rope` (self-attention only: q0 ==
+   k0, nq == nk), q and k are rotated by their token's row of it. */
 static inline __attribute__((always_inline)) void row_head(
-        const uint16_t *qkv, long ld, long q_off, long k_off, long v_off, int start, int n, const int hd,
-        const float *rope, int window, float scale, uint16_t *out, long out_ld, long out_off,
-        float *q, float *kt, float *v, float *s) {
+        const uint16_t *qsrc, long q_ld, long q_off, int q0, int nq, const uint16_t *kvsrc, long kv_ld, long k_off,
+        long v_off, int k0, int nk, const int hd, const float *rope, int window, float scale, uint16_t *out,
+        long out_ld, long out_off, float *q, float *kt, float *v, float *s) {
     const int chunks = hd / 16;
-    const int n4 = (n + QB - 1) / QB * QB, np = (n + 31) / 32 * 32;
+    const int n4 = (nq + QB - 1) / QB * QB, np = (nk + 31) / 32 * 32, n = nk;
     const v16i even = {0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14}, odd = even + 1;
     const v16i swap = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
     const v16 sign = {-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1};
-    for (int t = 0; t < n; t++) {
-        const uint16_t *src = qkv + (long)(start + t) * ld;
-        const float *cs = rope ? rope + (long)(start + t) * hd : NULL;
+    for (int t = 0; t < nq; t++) {
+        const uint16_t *src = qsrc + (long)(q0 + t) * q_ld + q_off;
+        const float *cs = rope ? rope + (long)(q0 + t) * hd : NULL;
         for (int c = 0; c < chunks; c++) {
-            v16 qc = load16_bf16(src + q_off + 16 * c), kc = load16_bf16(src + k_off + 16 * c);
+            v16 qc = load16_bf16(src + 16 * c);
             if (cs) {   /* lanes (2j, 2j + 1) are one complex number, times cos + i sin of the token's position */
                 const v16 r = load16(cs + 16 * c);
-                const v16 cos_ = __builtin_shuffle(r, even), sin_ = __builtin_shuffle(r, odd) * sign;
-                qc = qc * cos_ + __builtin_shuffle(qc, swap) * sin_;
-                kc = kc * cos_ + __builtin_shuffle(kc, swap) * sin_;
+                qc = qc * __builtin_shuffle(r, even) + __builtin_shuffle(qc, swap) * (__builtin_shuffle(r, odd) * sign);
             }
             store16(q + t * hd + 16 * c, qc * scale);
+        }
+    }
+    for (int t = 0; t < nk; t++) {
+        const uint16_t *src = kvsrc + (long)(k0 + t) * kv_ld;
+        const float *cs = rope ? rope + (long)(k0 + t) * hd : NULL;
+        for (int c = 0; c < chunks; c++) {
+            v16 kc = load16_bf16(src + k_off + 16 * c);
+            if (cs) {
+                const v16 r = load16(cs + 16 * c);
+                kc = kc * __builtin_shuffle(r, even) + __builtin_shuffle(kc, swap) * (__builtin_shuffle(r, odd) * sign);
+            }
             for (int k = 0; k < 16; k++) kt[(16 * c + k) * np + t] = kc[k];
             store16(v + t * hd + 16 * c, load16_bf16(src + v_off + 16 * c));
         }
     }
-    memset(q + (long)n * hd, 0, sizeof(float) * (size_t)(n4 - n) * hd);
+    memset(q + (long)nq * hd, 0, sizeof(float) * (size_t)(n4 - nq) * hd);
     for (int d = 0; d < hd; d++)
-        for (int t = n; t < np; t++) kt[d * np + t] = 0.0f;
+        for (int t = nk; t < np; t++) kt[d * np + t] = 0.0f;
 
     for (int i0 = 0; i0 < n4; i0 += QB) {
         /* The keys any query of the block may see, in whole chunks of 16. */
@@ -152,7 +163,7 @@ static inline __attribute__((always_inline)) void row_head(
                 a = i - window > 0 ? i - window : 0;
                 e = i + window + 1 < n ? i + window + 1 : n;
             }
-            if (i >= n) { a = e = c0; }   /* a padding query: no weights */
+            if (i >= nq) { a = e = c0; }   /* a padding query: no weights */
             /* Keys outside [a, e) get weight 0; lanes are reduced in a fixed order. */
             v16 m16 = (v16){0} - INFINITY;
             for (int j = c0; j < c1; j += 16) {
@@ -189,8 +200,8 @@ static inline __attribute__((always_inline)) void row_head(
                 for (int b = 0; b < QB; b++) acc[b][c] += s[b * np + j] * vc;
             }
         }
-        for (int b = 0; b < QB && i0 + b < n; b++) {
-            uint16_t *dst = out + (long)(start + i0 + b) * out_ld + out_off;
+        for (int b = 0; b < QB && i0 + b < nq; b++) {
+            uint16_t *dst = out + (long)(q0 + i0 + b) * out_ld + out_off;
             for (int c = 0; c < chunks; c++) store16_bf16(dst + 16 * c, acc[b][c] * inv[b]);
         }
     }
@@ -198,59 +209,65 @@ static inline __attribute__((always_inline)) void row_head(
 
 /* row_head with the head size a constant, so that its loops over head dims unroll and its accumulators stay in
    registers. */
+typedef void (*row_head_fn)(const uint16_t *, long, long, int, int, const uint16_t *, long, long, long, int, int,
+                            const float *, int, float, uint16_t *, long, long, float *, float *, float *, float *);
 #define ROW_HEAD_FOR(HD)                                                                                           \
-    static void row_head_##HD(const uint16_t *qkv, long ld, long q_off, long k_off, long v_off, int start, int n,  \
-                              const float *rope, int window, float scale, uint16_t *out, long out_ld,              \
-                              long out_off, float *q, float *kt, float *v, float *s) {                             \
-        row_head(qkv, ld, q_off, k_off, v_off, start, n, HD, rope, window, scale, out, out_ld, out_off, q, kt, v,  \
-                 s);                                                                                               \
+    static void row_head_##HD(const uint16_t *qsrc, long q_ld, long q_off, int q0, int nq, const uint16_t *kvsrc,  \
+                              long kv_ld, long k_off, long v_off, int k0, int nk, const float *rope, int window,   \
+                              float scale, uint16_t *out, long out_ld, long out_off, float *q, float *kt, float *v, \
+                              float *s) {                                                                          \
+        row_head(qsrc, q_ld, q_off, q0, nq, kvsrc, kv_ld, k_off, v_off, k0, nk, HD, rope, window, scale, out,      \
+                 out_ld, out_off, q, kt, v, s);                                                                    \
     }
 ROW_HEAD_FOR(16)
 ROW_HEAD_FOR(32)
 ROW_HEAD_FOR(64)
 ROW_HEAD_FOR(128)
 
-/* qkv: [tokens, ld] bf16, q of head h at columns h*hd, k at hidden + h*hd, v at 2*hidden + h*hd (with `rope`,
-   q's and k's rotate-half pairs interleaved). rope: [tokens, hd/2] complex (cos, sin) or NULL. starts: the
-   rows' first tokens and, last, their end (rows + 1 entries). window: attend only |i - j| <= window, or -1.
-   out: [tokens, hidden] bf16; tokens after the last row are zeroed. Returns 0, or -1 if a buffer could not be
-   allocated. */
-int pagoda_attention(const uint16_t *qkv, long ld, int tokens, int heads, int hd, const float *rope,
-                     const int *starts, int rows, int window, uint16_t *out, int threads) {
-    long hidden = (long)heads * hd;
+/* Attention of each row's queries over its own keys. q: [q_tokens, q_ld] bf16, head h's query at column h*hd;
+   kv: [.., kv_ld] bf16, head h's key at column h*hd and value at hidden + h*hd (for self-attention over one q|k|v
+   GEMM result, q = qkv and kv = qkv + hidden). q_starts, kv_starts: each row's first query and key, then their
+   ends (rows + 1 entries). rope: [tokens, hd/2] complex (cos, sin) or NULL (self-attention only: q's and k's
+   rotate-half pairs interleaved). window: attend only |i - j| <= window (self-attention), or -1. out: [q_tokens,
+   hidden] bf16, queries after the last row zeroed. Returns 0, or -1 if a buffer could not be allocated or hd is
+   not 16, 32, 64 or 128. */
+int pagoda_attention(const uint16_t *q, long q_ld, const int *q_starts, int q_tokens, const uint16_t *kv, long kv_ld,
+                     const int *kv_starts, int rows, int heads, int hd, const float *rope, int window, uint16_t *out,
+                     int threads) {
+    const long hidden = (long)heads * hd;
     int longest = 0;
     for (int r = 0; r < rows; r++) {
-        int n = starts[r + 1] - starts[r];
-        longest = n > longest ? n : longest;
+        const int nq = q_starts[r + 1] - q_starts[r], nk = kv_starts[r + 1] - kv_starts[r];
+        longest = nq > longest ? nq : longest;
+        longest = nk > longest ? nk : longest;
     }
+    const row_head_fn run = hd == 16 ? row_head_16 : hd == 32 ? row_head_32 : hd == 64 ? row_head_64
+                          : hd == 128 ? row_head_128 : NULL;
     int failed = 0;
-    float scale = 1.0f / sqrtf((float)hd);
+    const float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         const size_t np = (size_t)(longest + 31) / 32 * 32, per = np * hd;
-        float *buf = (hd == 16 || hd == 32 || hd == 64 || hd == 128) ? malloc(sizeof(float) * (3 * per + QB * np)) : NULL;
-        if (!buf) {
-            failed = 1;
-        }
+        float *buf = run ? malloc(sizeof(float) * (3 * per + QB * np)) : NULL;
+        if (!buf) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)rows * heads; task++) {
-            if (!buf) continue;
-            int r = (int)(task / heads), h = (int)(task % heads);
-            int n = starts[r + 1] - starts[r];
-            if (n <= 0) continue;
-            void (*run)(const uint16_t *, long, long, long, long, int, int, const float *, int, float, uint16_t *,
-                        long, long, float *, float *, float *, float *) =
-                hd == 64 ? row_head_64 : hd == 32 ? row_head_32 : hd == 128 ? row_head_128 : row_head_16;
-            run(qkv, ld, h * hd, hidden + h * hd, 2 * hidden + h * hd, starts[r], n, rope, window, scale,
-                     out, hidden, h * hd, buf, buf + per, buf + 2 * per, buf + 3 * per);
+            const int r = (int)(task / heads), h = (int)(task % heads);
+            const int nq = q_starts[r + 1] - q_starts[r], nk = kv_starts[r + 1] - kv_starts[r];
+            if (!buf || nq <= 0) continue;
+            if (nk <= 0) {     /* no keys: no attention, zeros (torch would give NaN) */
+                for (int i = 0; i < nq; i++) memset(out + (long)(q_starts[r] + i) * hidden + h * hd, 0, sizeof(uint16_t) * hd);
+                continue;
+            }
+            run(q, q_ld, h * hd, q_starts[r], nq, kv, kv_ld, h * hd, hidden + h * hd, kv_starts[r], nk, rope, window,
+                scale, out, hidden, h * hd, buf, buf + per, buf + 2 * per, buf + 3 * per);
         }
         free(buf);
     }
-    if (rows >= 0 && starts[rows] < tokens)
-        memset(out + (long)starts[rows] * hidden, 0, sizeof(uint16_t) * (size_t)(tokens - starts[rows]) * hidden);
+    if (rows >= 0 && q_starts[rows] < q_tokens)
+        memset(out + (long)q_starts[rows] * hidden, 0, sizeof(uint16_t) * (size_t)(q_tokens - q_starts[rows]) * hidden);
     return failed ? -1 : 0;
 }
-
 
 /* out = residual + y widened: the fp32 residual stream plus a bf16 GEMM result, the one rounding of an fp32 add
    (the bits of torch.add(residual, y)), without torch's mixed-type path, which took ~90 us a call at model

@@ -76,9 +76,9 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     lib.pagoda_attention.restype = ctypes.c_int
-    lib.pagoda_attention.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                     ctypes.c_int]
+    lib.pagoda_attention.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.pagoda_add_widened.restype = None
     lib.pagoda_add_widened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.pagoda_rows_linear.restype = None
@@ -102,31 +102,40 @@ def supports(head_dim: int) -> bool:
     return head_dim in HEAD_DIMS
 
 
-def attention(qkv: torch.Tensor, heads: int, starts: torch.Tensor, rope: torch.Tensor | None = None,
+def attention(q: torch.Tensor, heads: int, q_starts: torch.Tensor, kv: torch.Tensor | None = None,
+              kv_starts: torch.Tensor | None = None, rope: torch.Tensor | None = None,
               window: int | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd)) v of each row over its own tokens, from the bf16 [T, 3 * hidden] output of a
-    q|k|v GEMM; q and k rotated by `rope` ([T, hd / 2] complex, each token's own position; q's and k's pairs
-    interleaved as `packed_engine._interleave_rotary_pairs` orders them) when given. `starts`: int32, the rows'
-    first tokens, then their end. `window`: only |i - j| <= window. Returns bf16 [T, hidden], zero after the
-    last row. Call only when `available()`."""
+    """softmax(q k^T / sqrt(hd)) v of each row's queries over its own keys, from bf16 GEMM results. Self-attention
+    (`kv` None): `q` is a q|k|v GEMM's [T, 3 * hidden] output and `q_starts` the rows' first tokens, then their end;
+    q and k are rotated by `rope` ([T, hd / 2] complex, each token's own position; q's and k's pairs interleaved as
+    `packed_engine._interleave_rotary_pairs` orders them) when given, and `window` keeps only |i - j| <= window.
+    Otherwise `q` is [Tq, hidden], `kv` a k|v GEMM's [T, 2 * hidden] output, and the starts of each are given
+    apart. Starts are int32. Returns bf16 [Tq, hidden], zero after the last row's queries."""
     lib = _library()
-    assert lib is not None, "fused attention is not available here"
-    assert qkv.dtype == torch.bfloat16 and qkv.stride(1) == 1 and starts.dtype == torch.int32
-    tokens, hidden = qkv.size(0), qkv.size(1) // 3
+    assert lib is not None, "the compiled kernels are not available here"
+    self_attention = kv is None
+    hidden = q.size(1) // 3 if self_attention else q.size(1)
+    kv, kv_starts = (q, q_starts) if self_attention else (kv, kv_starts)
+    assert kv is not None and kv_starts is not None and kv.size(1) == (3 if self_attention else 2) * hidden
+    for t in (q, kv):
+        assert t.dtype == torch.bfloat16 and t.dim() == 2 and t.stride(1) == 1
+    assert q_starts.dtype == kv_starts.dtype == torch.int32 and q_starts.numel() == kv_starts.numel()
     assert supports(hidden // heads), f"head size {hidden // heads} is not one of {HEAD_DIMS}"
-    out = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    assert self_attention or (rope is None and window is None), "rotary and windows are for self-attention"
+    out = torch.empty(q.size(0), hidden, dtype=torch.bfloat16)
     table = None
     if rope is not None:
         table = torch.view_as_real(rope).contiguous()
-        assert table.size(0) == tokens and table.size(1) * 2 == hidden // heads
-    starts = starts.contiguous()
-    status = lib.pagoda_attention(qkv.data_ptr(), qkv.stride(0), tokens, heads, hidden // heads,
-                                  None if table is None else table.data_ptr(), starts.data_ptr(), starts.numel() - 1,
-                                  -1 if window is None else window, out.data_ptr(), torch.get_num_threads())
+        assert table.size(0) == q.size(0) and table.size(1) * 2 == hidden // heads
+    q_starts, kv_starts = q_starts.contiguous(), kv_starts.contiguous()
+    kv_ptr = kv.data_ptr() + (hidden * kv.element_size() if self_attention else 0)
+    status = lib.pagoda_attention(q.data_ptr(), q.stride(0), q_starts.data_ptr(), q.size(0), kv_ptr, kv.stride(0),
+                                  kv_starts.data_ptr(), q_starts.numel() - 1, heads, hidden // heads,
+                                  None if table is None else table.data_ptr(), -1 if window is None else window,
+                                  out.data_ptr(), torch.get_num_threads())
     if status != 0:
-        raise MemoryError("fused attention could not allocate its buffers")
+        raise MemoryError("attention could not allocate its buffers")
     return out
-
 
 
 def add_widened(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

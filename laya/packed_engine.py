@@ -198,8 +198,13 @@ class PackedEngine:
             # The last head layer is read only at [CLS] and the markers (as `LayaModel.infer`).
             last = self.head[-1]
             a = self._norm_bf16(h, last["norm1"], HEAD_EPS)
-            k, v = (_heads(t, self.head_heads) for t in last["kv"](a).split(d, -1))
-            attn = _attention(_heads(last["q"](a[select]), self.head_heads), k, v, b.select_starts.tolist(), starts)
+            if self.fused:
+                attn = kernels.attention(last["q"].bf16(a[select]), self.head_heads,
+                                         torch.from_numpy(b.select_starts.astype(np.int32)), kv=last["kv"].bf16(a),
+                                         kv_starts=torch.tensor(starts, dtype=torch.int32))
+            else:
+                k, v = (_heads(t, self.head_heads) for t in last["kv"](a).split(d, -1))
+                attn = _attention(_heads(last["q"](a[select]), self.head_heads), k, v, b.select_starts.tolist(), starts)
             picked = last["out"](attn, residual=picked)
             picked = last["w2"](last["w1"].bf16(self._norm_bf16(picked, last["norm2"], HEAD_EPS)), residual=picked)
         n0, b0, w1, b1, w3, b3 = self.scorer
@@ -236,7 +241,8 @@ class PackedEngine:
         """Each row's self-attention over the q|k|v linear of x (q and k rotated by `rope` when given): the
         compiled kernel's bf16 result, or the torch ops' fp32 one."""
         if self.fused:
-            return kernels.attention(qkv.bf16(x), heads, torch.tensor(starts, dtype=torch.int32), rope, window)
+            return kernels.attention(qkv.bf16(x), heads, torch.tensor(starts, dtype=torch.int32), rope=rope,
+                                     window=window)
         y = qkv(x)
         d = y.size(1) // 3
         if rope is None:

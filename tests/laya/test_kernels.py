@@ -45,7 +45,7 @@ def test_attention_computes_the_torch_ops(hd, rotary, window):
     heads = 3
     qkv, rope, starts = _inputs([1, 17, 64, 300, 45], heads, hd)
     rope = rope if rotary else None
-    got = kernels.attention(qkv, heads, torch.tensor(starts, dtype=torch.int32), rope, window)
+    got = kernels.attention(qkv, heads, torch.tensor(starts, dtype=torch.int32), rope=rope, window=window)
     want = _reference(qkv, rope, starts, heads, window)
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1e-2)
@@ -59,16 +59,16 @@ def test_attention_rows_keep_their_bits_whatever_shares_the_call():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = kernels.attention(qkv, heads, st, rope, 64)
+        one = kernels.attention(qkv, heads, st, rope=rope, window=64)
         torch.set_num_threads(2)
-        together = kernels.attention(qkv, heads, st, rope, 64)
+        together = kernels.attention(qkv, heads, st, rope=rope, window=64)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, together)
     for r in range(len(starts) - 1):
         rows = slice(starts[r], starts[r + 1])
         alone = kernels.attention(qkv[rows].contiguous(), heads, torch.tensor([0, starts[r + 1] - starts[r]],
-                                                                             dtype=torch.int32), rope[rows], 64)
+                                                                             dtype=torch.int32), rope=rope[rows], window=64)
         assert torch.equal(alone, together[rows]), r
 
 
@@ -162,3 +162,26 @@ def test_layer_norm_of_a_sum_is_the_add_then_the_norm():
     a, total = kernels.layer_norm_bf16(x, w, None, 1e-5, add=y)
     assert torch.equal(total, torch.add(x, y))
     assert torch.equal(a, kernels.layer_norm_bf16(total, w, None, 1e-5)[0])
+
+
+def test_attention_of_selected_queries_over_each_rows_keys():
+    """The last head layer's form: a few queries per row (its [CLS] and markers) over all of that row's keys,
+    from separate q and k|v GEMM results; a row without keys gets zeros."""
+    heads, hd = 12, 64
+    g = torch.Generator().manual_seed(5)
+    kv_starts, q_starts = [0, 62, 113, 170, 170], [0, 4, 8, 11, 12]
+    kv = torch.randn(180, 2 * heads * hd, generator=g).bfloat16()
+    q = torch.randn(14, heads * hd, generator=g).bfloat16()
+    got = kernels.attention(q, heads, torch.tensor(q_starts, dtype=torch.int32), kv=kv,
+                            kv_starts=torch.tensor(kv_starts, dtype=torch.int32))
+    d = heads * hd
+    want = _attention(_heads(q.float(), heads), _heads(kv[:, :d].float(), heads), _heads(kv[:, d:].float(), heads),
+                      q_starts[:-1], kv_starts[:-1])
+    torch.testing.assert_close(got[:11].float(), want[:11], atol=2e-2, rtol=1e-2)
+    assert got[11:].eq(0).all()                 # the keyless row's query, then padding
+    for r in range(3):
+        alone = kernels.attention(q[q_starts[r]:q_starts[r + 1]].contiguous(), heads,
+                                  torch.tensor([0, q_starts[r + 1] - q_starts[r]], dtype=torch.int32),
+                                  kv=kv[kv_starts[r]:kv_starts[r + 1]].contiguous(),
+                                  kv_starts=torch.tensor([0, kv_starts[r + 1] - kv_starts[r]], dtype=torch.int32))
+        assert torch.equal(alone, got[q_starts[r]:q_starts[r + 1]])
