@@ -64,7 +64,8 @@ static inline v16 load16_bf16(const uint16_t *p) {
 /* Horizontal max and sum of 16 lanes, in a fixed tree order. */
 static inline float hmax16(v16 x) {
     const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7}, hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+    const v16i hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
     const v16i hi1 = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     v16 y = __builtin_shuffle(x, hi8);
     x = pick(y > x, y, x);
@@ -78,7 +79,8 @@ static inline float hmax16(v16 x) {
 
 static inline float hsum16(v16 x) {
     const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7}, hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+    const v16i hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
     x += __builtin_shuffle(x, hi8);
     x += __builtin_shuffle(x, hi4);
     x += __builtin_shuffle(x, hi2);
@@ -256,7 +258,8 @@ int pagoda_attention(const uint16_t *q, long q_ld, const int *q_starts, int q_to
             const int nq = q_starts[r + 1] - q_starts[r], nk = kv_starts[r + 1] - kv_starts[r];
             if (!buf || nq <= 0) continue;
             if (nk <= 0) {     /* no keys: no attention, zeros (torch would give NaN) */
-                for (int i = 0; i < nq; i++) memset(out + (long)(q_starts[r] + i) * hidden + h * hd, 0, sizeof(uint16_t) * hd);
+                for (int i = 0; i < nq; i++)
+                    memset(out + (long)(q_starts[r] + i) * hidden + h * hd, 0, sizeof(uint16_t) * hd);
                 continue;
             }
             run(q, q_ld, h * hd, q_starts[r], nq, kv, kv_ld, h * hd, hidden + h * hd, kv_starts[r], nk, rope, window,

@@ -255,9 +255,9 @@ class PackedEngine:
         s = self.spec
         x = _norm(self.tok_emb[ids].float(), self.emb_norm, s.eps)
         rope = {t: table[positions] for t, table in self.rope.items()}
-        mlp_out: tuple[Bf16Linear, torch.Tensor] | None = None      # the last layer's, added with the next norm
+        mlp_out: tuple[Bf16Linear, torch.Tensor] | None = None    # the last layer's, added with the next norm
         for layer in self.layers:
-            if layer["attn_norm"] is None:                              # the first layer reads the embeddings as they are
+            if layer["attn_norm"] is None:      # the first layer reads the embeddings as they are
                 a = x
             else:
                 x, a = self._residual_norm(x, *mlp_out, layer["attn_norm"], s.eps)

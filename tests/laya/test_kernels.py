@@ -67,8 +67,8 @@ def test_attention_rows_keep_their_bits_whatever_shares_the_call():
     assert torch.equal(one, together)
     for r in range(len(starts) - 1):
         rows = slice(starts[r], starts[r + 1])
-        alone = kernels.attention(qkv[rows].contiguous(), heads, torch.tensor([0, starts[r + 1] - starts[r]],
-                                                                             dtype=torch.int32), rope=rope[rows], window=64)
+        own = torch.tensor([0, starts[r + 1] - starts[r]], dtype=torch.int32)
+        alone = kernels.attention(qkv[rows].contiguous(), heads, own, rope=rope[rows], window=64)
         assert torch.equal(alone, together[rows]), r
 
 

@@ -142,6 +142,10 @@ def test_all_install_decides_and_builds_the_default_from_package_data(wheel, tmp
     assert json.loads(out)["answers"] == laya.load(str(FIXTURE)).predict(state, questions)["answers"]
     where = run([str(bin_dir / "python"), "-c", "import laya; print(laya.__file__)"], cwd=cwd)
     assert str(ROOT) not in where and "site-packages" in where
+    # The bf16 engine's kernels build from the source shipped as package data (into a fresh cache).
+    built = run([str(bin_dir / "python"), "-m", "laya.kernels"], cwd=cwd,
+                env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert built.startswith("laya.kernels: built ") and str(tmp_path / "cache") in built
 
     mini = tmp_path / "laya-mini"
     run([str(bin_dir / "pagoda"), "laya-mini", "build", "--out", str(mini)], cwd=cwd, env={"HF_HUB_OFFLINE": "1"})
