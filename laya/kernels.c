@@ -1,10 +1,13 @@
-/* Rotary embedding and self-attention of packed rows in one pass: bf16 q|k|v in, bf16 out.
+/* The packed bf16 engine's work between its GEMMs, compiled: attention (with rotary), the residual add fused into
+   the next layer norm, and small per-row fp32 linears. Built and loaded by laya/kernels.py (why it exists is said
+   there); every loop runs on the OpenMP threads of the torch that loaded it.
 
-   Built and loaded by laya/fused_attention.py (why it exists is said there). Every (row, head) pair is one
-   task: its q, k and v are widened to fp32 (q and k rotated) into the task's own buffers, its scores,
-   softmax and weighted sum of v run in fp32, and the result is rounded once to bf16. A task reads only its
-   own row's tokens and every sum runs in an order fixed by that row's length, so a row's bits cannot depend
-   on its batch mates, on the thread count or on which thread ran it. */
+   Each kernel keeps a row's bits its own. Attention: every (row, head) pair is one task, whose q, k and v are
+   widened to fp32 (q and k rotated) into the task's own buffers, whose scores, softmax and weighted sum of v run
+   in fp32 and whose result is rounded once to bf16; a task reads only its own row's tokens and every sum runs in
+   an order fixed by that row's length. The norms work token by token, the linears output by output. So no result
+   depends on the batch mates, the thread count or which thread ran it. The vector code is written with GCC's
+   vector extensions (16 floats), which the compiler maps onto AVX-512, AVX2 or SSE as the CPU has them. */
 
 #include <math.h>
 #include <stdint.h>

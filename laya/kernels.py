@@ -1,20 +1,23 @@
-"""The bf16 engine's rotary embedding and per-row attention as one compiled kernel (`kernels.c`).
+"""The packed bf16 engine's work between its GEMMs as compiled kernels (`kernels.c`): rotary plus per-row
+attention, the residual add fused into the next layer norm, a layer norm to bf16, and the output layers' small
+per-row fp32 linears.
 
-Why a kernel of our own: at 2 threads on an Intel AMX CPU (docs/benchmarks.md, Dec 4) the packed engine's GEMMs
-took ~36 of a 66 ms predict and the torch ops between them most of the rest. Rotary, attention and the casts
-around them were ~900 small torch calls per predict (per row and layer: two `bmm`, a softmax, copies), each
-refilling the core's L2 after a GEMM and each paying dispatch. torch.compile's guards cost more than these ops
-at these sizes, SDPA runs per row too and slower, and no CPU library does rotary plus attention over packed rows
-of different lengths with a row's bits kept independent of its batch mates. The kernel is ~150 lines of C: one
-parallel loop over (row, head) pairs that reads the Wqkv GEMM's bf16 output directly and writes the bf16 input
-of the Wo GEMM, so the fp32 widening of q|k|v, the rotated copies and the fp32 attention output are never
-materialised.
+Why kernels of our own: at 2 threads on an Intel AMX CPU (docs/benchmarks.md, Dec 4) the packed engine's GEMMs
+took ~36 of a 66 ms predict and the torch ops between them most of the rest: ~900 small calls per predict (per
+row and layer two `bmm`, a softmax, copies; casts, mixed-type adds, norms), each refilling the core's L2 after a
+GEMM and each paying dispatch. torch.compile's guards cost more than these ops at these sizes, SDPA runs per row
+too and slower, and no CPU library does rotary plus attention over packed rows of different lengths with a row's
+bits kept independent of its batch mates. The attention kernel reads the Wqkv GEMM's bf16 output directly and
+writes the bf16 input of the Wo GEMM, so the fp32 widening of q|k|v, the rotated copies and the fp32 attention
+output are never materialised; the fused add + norm writes the residual stream (with `torch.add`'s bits) and the
+next GEMM's bf16 input in one pass.
 
-It is compiled at first use with the system's C compiler (`cc`, ~0.3 s; `-march=native`, so the build is keyed
-by this CPU's flags) into `$XDG_CACHE_HOME/pagoda/kernels/` and shares torch's OpenMP runtime (the same
-`libgomp.so.1`, already loaded by torch), so its threads are torch's. Without a compiler, or with
-`PAGODA_KERNELS=0`, `available()` is False and the engine keeps its torch ops: answers then differ in
-their last bits from the kernel's (both are deterministic and batch-mate independent)."""
+They are compiled at first use with the system's C compiler (`cc`, ~0.3 s; `-march=native`, so the build is
+keyed by this CPU's flags and the source) into `$XDG_CACHE_HOME/pagoda/kernels/`, and share torch's OpenMP
+runtime (the library asks for `libgomp.so.1`, which torch has loaded already), so their threads are torch's.
+Without a compiler, or with `PAGODA_KERNELS=0`, `available()` is False (`unavailable_reason()` says why) and
+the engine keeps its torch ops: answers then differ in their last bits from the kernels' (both ways
+deterministic and batch-mate independent)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -67,13 +71,22 @@ def build() -> Path:
     return target
 
 
+_unavailable: list[str] = []       # why `_library()` found none, once it has looked
+
+
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
+    _unavailable.clear()
     if os.environ.get(ENV, "1") == "0":
+        _unavailable.append(f"switched off ({ENV}=0)")
         return None
     try:
         lib = ctypes.CDLL(str(build()))
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else exc
+        _unavailable.append(f"not built: {detail}")
+        warnings.warn(f"laya.kernels {_unavailable[0]}; the bf16 engine runs its torch ops instead", RuntimeWarning,
+                      stacklevel=2)
         return None
     lib.pagoda_attention.restype = ctypes.c_int
     lib.pagoda_attention.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
@@ -93,6 +106,11 @@ def _library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     return _library() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels are not available (None when they are)."""
+    return None if _library() is not None else _unavailable[0]
 
 
 HEAD_DIMS = (16, 32, 64, 128)      # the head sizes the kernel is compiled for (its loops unrolled per size)
@@ -185,8 +203,7 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 if __name__ == "__main__":      # `make install` builds the kernels once, so a missing compiler shows there
-    try:
+    if available():
         print(f"laya.kernels: built {build()}")
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = e.stderr.decode(errors="replace") if isinstance(e, subprocess.CalledProcessError) else str(e)
-        print(f"laya.kernels: not built ({detail.strip()}); the bf16 engine will run its torch ops instead")
+    else:
+        print(f"laya.kernels: {unavailable_reason()}; the bf16 engine will run its torch ops instead")

@@ -169,7 +169,8 @@ class PackedEngine:
                              f"bits of a {MIN_ROWS}-row call",
                 "bf16": {"linears": "bf16 weights and inputs (oneDNN), feed-forward activations fused into their GEMMs",
                          "fp32": "residual stream, norms, attention, scorer and act head"},
-                "attention": "compiled kernel with rotary (laya.kernels)" if self.fused else "torch ops"}
+                "attention": "compiled kernel with rotary (laya.kernels)" if self.fused else
+                             f"torch ops ({kernels.unavailable_reason() or 'a head size the kernels are not built for'})"}
 
     # -- forward ------------------------------------------------------------------------------------
 

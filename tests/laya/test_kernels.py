@@ -106,11 +106,13 @@ def test_the_build_is_cached_keyed_and_can_be_switched_off(monkeypatch, tmp_path
         kernels.build()                        # no compiler: an error, which `available()` turns into False
     kernels._library.cache_clear()
     try:
-        assert not kernels.available()
+        with pytest.warns(RuntimeWarning, match="no-such-compiler"):
+            assert not kernels.available()
+        assert "not built" in kernels.unavailable_reason()
         monkeypatch.delenv("CC")
         monkeypatch.setenv(kernels.ENV, "0")
         kernels._library.cache_clear()
-        assert not kernels.available()
+        assert not kernels.available() and "PAGODA_KERNELS=0" in kernels.unavailable_reason()
         monkeypatch.delenv(kernels.ENV)
         kernels._library.cache_clear()
         assert kernels.available() and kernels._library_path().exists()     # built into the new cache
@@ -131,7 +133,7 @@ def test_the_bf16_engine_with_and_without_kernels(monkeypatch, laya_tiny_modernb
     monkeypatch.setattr(kernels, "available", lambda: False)
     plain = packed_bf16_agent(path)
     assert "compiled kernel" in fused.engine.describe()["attention"]
-    assert plain.engine.describe()["attention"] == "torch ops"
+    assert plain.engine.describe()["attention"].startswith("torch ops")
     exact = laya.load(path)
     rows = fused.prepare(state, questions).rows
     crowd = [r for s in ("the server is down", ["user: hi", "user: cancel"]) for r in fused.prepare(s, questions).rows]
