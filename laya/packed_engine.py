@@ -67,7 +67,8 @@ class PackedEngine:
         self.threads = torch.get_num_threads()
         self.chunk_tokens = run_tokens(self.spec.hidden)
         self.head_heads = max(1, self.spec.hidden // HEAD_DIM)
-        # Rotary and attention as one compiled kernel where this machine can build it (`laya.kernels`).
+        # Attention (with rotary), residual adds with norms and the output linears as compiled kernels where this
+        # machine can build them (`laya.kernels`) and they are built for the head sizes.
         self.fused = kernels.available() and all(
             kernels.supports(self.spec.hidden // h) for h in (self.spec.heads, self.head_heads))
         self._load()
@@ -169,7 +170,7 @@ class PackedEngine:
                              f"bits of a {MIN_ROWS}-row call",
                 "bf16": {"linears": "bf16 weights and inputs (oneDNN), feed-forward activations fused into their GEMMs",
                          "fp32": "residual stream, norms, attention, scorer and act head"},
-                "attention": "compiled kernel with rotary (laya.kernels)" if self.fused else
+                "attention": "compiled kernels (laya.kernels)" if self.fused else
                              f"torch ops ({kernels.unavailable_reason() or 'a head size the kernels are not built for'})"}
 
     # -- forward ------------------------------------------------------------------------------------
