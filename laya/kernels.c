@@ -64,12 +64,13 @@ static inline v16 load16_bf16(const uint16_t *p) {
     return (v16)(__builtin_convertvector(h, v16u) << 16);
 }
 
-/* Horizontal max and sum of 16 lanes, in a fixed tree order. */
+/* Horizontal max and sum of 16 lanes, in a fixed tree order: lanes folded onto the lower 8, 4, 2, 1. */
+static const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
+static const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+static const v16i hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+static const v16i hi1 = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
 static inline float hmax16(v16 x) {
-    const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
-    const v16i hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
-    const v16i hi1 = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     v16 y = __builtin_shuffle(x, hi8);
     x = pick(y > x, y, x);
     y = __builtin_shuffle(x, hi4);
@@ -81,13 +82,20 @@ static inline float hmax16(v16 x) {
 }
 
 static inline float hsum16(v16 x) {
-    const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16i hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
-    const v16i hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
     x += __builtin_shuffle(x, hi8);
     x += __builtin_shuffle(x, hi4);
     x += __builtin_shuffle(x, hi2);
     return x[0] + x[1];
+}
+
+/* 16 dims of q or k rotated by their token's cos and sin (`cs`, interleaved): lanes (2j, 2j + 1) are one complex
+   number, times cos + i sin. */
+static inline v16 rotate16(v16 x, const float *cs) {
+    const v16i even = {0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14}, odd = even + 1;
+    const v16i swap = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+    const v16 sign = {-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1};
+    const v16 r = load16(cs);
+    return x * __builtin_shuffle(r, even) + __builtin_shuffle(x, swap) * (__builtin_shuffle(r, odd) * sign);
 }
 
 /* One (row, head) task: nq queries (q rows q0.., q at column q_off) attend to nk keys (kv rows k0.., k at
@@ -100,18 +108,12 @@ static inline __attribute__((always_inline)) void row_head(
         long out_ld, long out_off, float *q, float *kt, float *v, float *s) {
     const int chunks = hd / 16;
     const int n4 = (nq + QB - 1) / QB * QB, np = (nk + 31) / 32 * 32, n = nk;
-    const v16i even = {0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14}, odd = even + 1;
-    const v16i swap = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    const v16 sign = {-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1};
     for (int t = 0; t < nq; t++) {
         const uint16_t *src = qsrc + (long)(q0 + t) * q_ld + q_off;
         const float *cs = rope ? rope + (long)(q0 + t) * hd : NULL;
         for (int c = 0; c < chunks; c++) {
             v16 qc = load16_bf16(src + 16 * c);
-            if (cs) {   /* lanes (2j, 2j + 1) are one complex number, times cos + i sin of the token's position */
-                const v16 r = load16(cs + 16 * c);
-                qc = qc * __builtin_shuffle(r, even) + __builtin_shuffle(qc, swap) * (__builtin_shuffle(r, odd) * sign);
-            }
+            if (cs) qc = rotate16(qc, cs + 16 * c);
             store16(q + t * hd + 16 * c, qc * scale);
         }
     }
@@ -120,10 +122,7 @@ static inline __attribute__((always_inline)) void row_head(
         const float *cs = rope ? rope + (long)(k0 + t) * hd : NULL;
         for (int c = 0; c < chunks; c++) {
             v16 kc = load16_bf16(src + k_off + 16 * c);
-            if (cs) {
-                const v16 r = load16(cs + 16 * c);
-                kc = kc * __builtin_shuffle(r, even) + __builtin_shuffle(kc, swap) * (__builtin_shuffle(r, odd) * sign);
-            }
+            if (cs) kc = rotate16(kc, cs + 16 * c);
             for (int k = 0; k < 16; k++) kt[(16 * c + k) * np + t] = kc[k];
             store16(v + t * hd + 16 * c, load16_bf16(src + v_off + 16 * c));
         }
