@@ -104,14 +104,17 @@ class Run:
             self.close()
 
     def close(self) -> None:
-        """Abort every choice still running (a client gone, even before its stream began) and count the
-        request once; idempotent."""
-        if not self._done:
-            self._done = True
-            self.batch.abort()
-        if not self._observed:
-            self._observed = True
-            self._observe()
+        """Count the request once, then abort every choice still running (a client gone, even before its stream
+        began); idempotent. Counted first so that /stats never shows the engine idle with the request not yet in
+        its finish reasons: a client that polled for the first then read the second raced it (seen in CI, Dec 4)."""
+        try:
+            if not self._observed:
+                self._observed = True
+                self._observe()
+        finally:
+            if not self._done:
+                self._done = True
+                self.batch.abort()
 
     def wait(self) -> list[Any]:
         """Every choice's GenerationOutput, in batch order."""
