@@ -132,7 +132,7 @@ static inline __attribute__((always_inline)) void row_head(
         for (int t = nk; t < np; t++) kt[d * np + t] = 0.0f;
 
     for (int i0 = 0; i0 < n4; i0 += QB) {
-        /* The keys any query of the block may see, in whole chunks of 16. */
+        /* The keys any query of the block may see, in whole pairs of 16-key chunks. */
         int lo = 0, hi = n;
         if (window >= 0) {
             lo = i0 - window > 0 ? i0 - window : 0;
