@@ -163,31 +163,58 @@ def test_idle_connections_do_not_delay_a_good_request(front):
         release(idle)
 
 
-def test_the_connection_cap_evicts_idle_connections_then_refuses(front):
-    idle = [connect(front) for _ in range(CAP)]
+SMALL_CAP = 12
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A server of its own for the cap: a small one, and a header timeout far past the test's length, so a begun
+    request stays begun (with `front`'s 2 s, begun requests timed out under CI load and freed their slots). One
+    request thread, so connections turn idle in the order their answers were sent: with two, a thread descheduled
+    after sending let the next connection turn idle first, and the eviction took that one."""
+    logs = tmp_path_factory.mktemp("capped-logs")
+    proc = ServerProcess(logs / "capped.log", ["--model", str(TINY_BERT), "--header-timeout-s", "120",
+                                                "--keepalive-s", "120", "--max-connections", str(SMALL_CAP),
+                                                "--threads", "1"],
+                         env={"PAGODA_API_KEY": API_KEY})
+    proc.running(headers=AUTH)
+    yield proc
+    proc.stop()
+
+
+def roundtrip(s: socket.socket, data: bytes) -> socket.socket:
+    s.sendall(data)
+    assert read_response(s)[0] == 200
+    return s
+
+
+def test_the_connection_cap_evicts_idle_connections_then_refuses(capped):
+    # Each connection is made known to the server by a round trip before the next one opens, never by a sleep: a
+    # socket whose connect() returned may still sit in the kernel's accept queue, and a connection the fixture's
+    # readiness probe used may still be mid-answer (not idle, not evictable) as the first ones open.
+    idle = [roundtrip(connect(capped), HEALTH) for _ in range(SMALL_CAP)]
     try:
-        time.sleep(1.0)  # all accepted (0.3 s was too short once, on 2 busy cores)
-        good_requests(front, n=1)  # takes the place of the longest-idle connection
-        idle[0].settimeout(5)
+        good_requests(capped, n=1)  # takes the place of the longest-idle connection
+        idle[0].settimeout(10)
         assert idle[0].recv(1) == b""  # that one was closed for it
+        for s in idle[1:]:  # and only that one
+            roundtrip(s, HEALTH)
     finally:
         release(idle)
-    busy = [connect(front) for _ in range(CAP)]
+    # A health request pipelined with the first byte of the next: by the time its answer arrives, the server holds
+    # that byte as a begun request, so the connection is never idle, never evictable.
+    busy = [roundtrip(connect(capped), HEALTH + b"G") for _ in range(SMALL_CAP)]
     try:
-        for s in busy:
-            s.sendall(b"G")  # a request begun: not idle, not evictable
-        # The server must have read every "G" before the probe, or it evicts a socket it still thinks idle: on 2
-        # cores busy with the rest of the suite, 0.3 s was not enough once (the probe got 200, Dec 4).
-        time.sleep(1.0)
-        s = connect(front)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        s = connect(capped)
+        s.sendall(HEALTH)
         status, headers, body = read_response(s)
         assert_json_error(status, headers, body, 503, "overloaded")
         assert headers["retry-after"] == "1"
         s.close()
     finally:
         release(busy)
-    good_requests(front, n=1)
+    good_requests(capped, n=1)
 
 
 def test_a_chunked_body_over_the_limit_is_413(front):
