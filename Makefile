@@ -38,10 +38,11 @@ lint: install
 
 # laya-mini, the embedded default (docs/laya-mini.md): the installed all-MiniLM-L6-v2 encoder plus the
 # trained head committed in laya/training/mini_head/, checked against the build's probe; skips when built.
-# model-scratch retrains a head from the rebuilt corpus (progress bar; make model-scratch MODEL_DEVICE=cuda,
-# MODEL_PRECISION=bf16 for bf16 autocast training on a GPU or a CPU with AMX / AVX512-BF16):
-# the current MiniSpec (the 0bc28c1 recipe plus the real intents), not the shipped head; ~26 min on 2 cores
-# of an AMX CPU with MODEL_PRECISION=bf16 (docs/laya-mini.md); its times are in docs/benchmarks.md#laya-mini.
+# model-scratch retrains a head from the rebuilt corpus (progress bar): the current MiniSpec (the 0bc28c1 recipe
+# plus the real intents), not the shipped head. MODEL_DEVICE=cuda trains on a GPU (keep fp32 there: bf16
+# autocast gained nothing on an H200, whose steps are bound by the host); MODEL_PRECISION=bf16 trains under
+# bf16 autocast on a CPU with AMX / AVX512-BF16. ~26 min on 2 cores of an AMX CPU at bf16, ~4.6 min on one
+# H200 at fp32 (docs/laya-mini.md); its times are in docs/benchmarks.md#laya-mini.
 MODEL_DEVICE ?= cpu
 MODEL_PRECISION ?= fp32
 model: install
