@@ -38,6 +38,30 @@ def _require(ok: bool, where: str, name: str, message: str) -> None:
         raise InvalidParam(f"{where}.{name}: {message}", name)
 
 
+def device_problem(device: str) -> str | None:
+    """Why torch cannot run on `device`, or None. Checked with the config, so a CPU-only torch answers `cuda`
+    with one line naming the field instead of an AssertionError from the first weight moved. (laya has its
+    own check, `laya.precision.check_device`: the two packages share no code.)"""
+    if device == "cpu":
+        return None
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"{device!r} is not a device name (cpu, cuda, cuda:N)"
+    backend = {"cpu": None, "cuda": torch.cuda, "mps": getattr(torch.backends, "mps", None)}.get(dev.type, False)
+    if backend is None:
+        return None
+    if backend is False or not backend.is_available():
+        return (f"{device!r} is not available to this torch ({torch.__version__}): no {dev.type} device is visible "
+                "or torch was built without it; use 'cpu'")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if dev.index is not None and dev.index >= count:
+        return f"{device!r}: torch sees {count} {dev.type} device(s)"
+    return None
+
+
 def _real(value: Any) -> bool:
     """A finite int or float, not a bool: `"1"`, True, NaN and inf are refused here, by name, instead of failing
     later as a TypeError in a comparison or as NaN probabilities in the sampler."""
@@ -91,6 +115,8 @@ class EngineConfig:
         _require(self.scheduling in SCHEDULING_ORDERS, w, "scheduling",
                  f"must be one of {SCHEDULING_ORDERS}, got {self.scheduling!r}")
         _require(self.dtype in DTYPES, w, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        problem = device_problem(str(self.device))
+        _require(problem is None, w, "device", problem or "")
         _require(self.block_size >= 1, w, "block_size", "must be >= 1")
         _require(self.num_blocks is None or self.num_blocks >= 2, w, "num_blocks", "must be >= 2 (or None)")
         _require(self.kv_cache_memory_mb >= 1, w, "kv_cache_memory_mb", "must be >= 1")

@@ -26,7 +26,7 @@ from laya.errors import InputError
 from laya.layout import read_parts
 from laya.lru import ByteLRU
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
-from laya.precision import Plan, plan
+from laya.precision import Plan, check_device, plan
 from laya.questions import Question, check_answer_keys, parse_questions
 from laya.rows import Budgets, Row, build_rows, check_state, encode_head
 from laya.tokenizer import LayaTokenizer
@@ -189,7 +189,7 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
                                     f"or set ${DEFAULT_MODEL_ENV} to a built copy)")
     path = str(path)
     config, encoder_config, tokenizer, weights_path = read_parts(path)
-    chosen = plan(precision, device)
+    chosen = plan(precision, check_device(device))
     positions = encoder_config.get("max_position_embeddings")
     return Agent(_engine(path, config, encoder_config, weights_path, chosen, threads), tokenizer, config, source=path,
                  max_positions=positions if isinstance(positions, int) and positions > 0 else None,

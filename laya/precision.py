@@ -97,6 +97,34 @@ def requested_precision(precision: str | None) -> str:
     return value
 
 
+def check_device(device: str, where: str = "--device") -> str:
+    """`device` as given, once torch can run on it; else a ValueError naming the flag and what is missing.
+
+    Without this a CPU-only torch meets `--device cuda` deep inside the first `.to()` (an AssertionError
+    after the corpus is built, in a training run) and an unknown name as torch's list of every device type.
+    "cpu" never imports torch: the CPU engines load without it. `where` names the setting in the error."""
+    device = str(device)
+    if device == "cpu":
+        return device
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{where}: {device!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
+    if dev.type == "cpu":
+        return device
+    backends = {"cuda": torch.cuda, "mps": getattr(torch.backends, "mps", None)}
+    backend = backends.get(dev.type)
+    if backend is None or not backend.is_available():
+        raise ValueError(f"{where}: {device!r} is not available to this torch ({torch.__version__}): no {dev.type} "
+                         "device is visible or torch was built without it; use 'cpu'")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{where}: {device!r} asks for {dev.type} device {dev.index}, but torch sees {count}")
+    return device
+
+
 def plan(precision: str | None, device: str = "cpu", cpu: CpuFeatures | None = None) -> Plan:
     """Resolve a request into a runnable plan, or refuse with what is missing.
 

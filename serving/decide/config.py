@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from laya.precision import PRECISION_ENV, PRECISIONS, requested_precision
+from laya.precision import PRECISION_ENV, PRECISIONS, check_device, requested_precision
 from serving.flags import Settings, option
 
 SHIPPED_PRESETS = Path(__file__).with_name("presets.yaml")
@@ -56,6 +56,8 @@ class DecideConfig(Settings):
             raise ValueError(f"{self.where('precision')} must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.model and self.student:
             raise ValueError("give either --model or --student, not both")
+        if not self.student:      # a student runs on onnxruntime; the device is the Laya model's
+            check_device(self.device, self.where("device"))
         for name in ("model", "student"):
             path = getattr(self, name)
             if path and not Path(path).is_dir():

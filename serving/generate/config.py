@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from generation.config import CACHE_BACKENDS, DTYPES, SCHEDULING_ORDERS
+from generation.config import CACHE_BACKENDS, DTYPES, SCHEDULING_ORDERS, device_problem
 from serving.flags import Settings, option
 
 log = logging.getLogger("pagoda.serve")
@@ -55,6 +55,8 @@ class GenerateConfig(Settings):
                               ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{self.where(name)} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.model != "none" and (problem := device_problem(self.device)):
+            raise ValueError(f"{self.where('device')}: {problem}")
         if self.model not in ("default", "none"):
             path = Path(self.model)
             if not (path.is_dir() or (path.suffix == ".gguf" and path.is_file())):

@@ -174,6 +174,20 @@ def test_engine_config_errors_name_the_field(kwargs, field):
         EngineConfig(**kwargs)
 
 
+def test_a_device_torch_cannot_use_is_refused_with_the_config(monkeypatch):
+    """Before any weight moves: on a CPU-only torch `cuda` used to be an AssertionError from the first `.to()`."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device, needle in (("cuda", "'cuda' is not available to this torch"), ("tpu9", "'tpu9' is not a device name")):
+        with pytest.raises(InvalidParam, match=f"EngineConfig.device: {needle}") as err:
+            EngineConfig(device=device)
+        assert err.value.field == "device"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert EngineConfig(device="cuda:0").device == "cuda:0"
+    with pytest.raises(InvalidParam, match="torch sees 1 cuda device"):
+        EngineConfig(device="cuda:1")
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(top_p=0), "top_p"), (dict(temperature=-1), "temperature"), (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(logprobs=50), "logprobs"), (dict(stop=[""]), "stop"), (dict(min_p=1.0), "min_p"),

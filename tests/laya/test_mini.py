@@ -74,3 +74,15 @@ def test_assemble_checks_answers_against_the_build(tmp_path):
 def test_missing_head_says_how_to_build(tmp_path):
     with pytest.raises(FileNotFoundError, match="--from-scratch"):
         mini.assemble(tmp_path / "out", tmp_path / "nothing")
+
+
+def test_a_from_scratch_build_refuses_an_unusable_device_before_any_work(tmp_path, monkeypatch):
+    """`make model-scratch MODEL_DEVICE=cuda` on a CPU-only torch stops at once, naming the flag, instead of
+    failing at the first weight moved after the corpus and the teacher's embeddings were built."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device: 'cuda' is not available"):
+        mini.build_from_scratch(mini.MiniSpec(), tmp_path / "work", tmp_path / "out", tmp_path / "head",
+                                device="cuda")
+    assert not (tmp_path / "work").exists()

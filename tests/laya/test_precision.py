@@ -48,6 +48,26 @@ def test_gpu_plans():
         plan("int8", device="cuda")
 
 
+def test_a_device_torch_cannot_use_is_refused_at_load(monkeypatch, laya_tiny_bert):
+    """`laya.load(device=...)` checks the device before anything loads; on a CPU-only torch `cuda` used to be
+    an AssertionError from the first weight moved."""
+    import torch
+
+    from laya.precision import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check_device("cpu") == "cpu" and check_device("cpu:0") == "cpu:0"
+    with pytest.raises(ValueError, match=r"--device: 'cuda' is not available to this torch"):
+        laya.load(laya_tiny_bert, device="cuda")
+    with pytest.raises(ValueError, match=r"--model-device: 'banana' is not a device name"):
+        check_device("banana", "--model-device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match="'cuda:1' asks for cuda device 1, but torch sees 1"):
+        check_device("cuda:1")
+
+
 def test_variable_and_argument(monkeypatch, laya_tiny_bert):
     monkeypatch.setenv("PAGODA_PRECISION", "int8")
     assert laya.load(laya_tiny_bert).plan.precision == "int8"

@@ -176,7 +176,20 @@ def test_training_precision_is_checked_by_name(monkeypatch):
     with pytest.raises(ValueError, match=r"--precision: 'bf16' autocast needs a CPU with amx_bf16 or avx512_bf16; "
                                          r"this CPU \(test cpu\)"):
         TrainConfig(data="x", out="y", init="z", precision="bf16").validate()
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     TrainConfig(data="x", out="y", init="z", precision="bf16", device="cuda").validate()   # GPUs have bf16
+
+
+def test_a_device_torch_cannot_use_is_refused_by_name(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"--device: 'cuda' is not available to this torch \("):
+        TrainConfig(data="x", out="y", init="z", device="cuda").validate()
+    with pytest.raises(ValueError, match="--device: 'gpu0' is not a device name"):
+        TrainConfig(data="x", out="y", init="z", device="gpu0").validate()
 
 
 def test_bf16_autocast_trains_fp32_weights_reproducibly(laya_tiny_bert, data, tmp_path, monkeypatch):

@@ -31,6 +31,20 @@ def test_bad_values_name_the_setting(env, needle):
         ServeConfig.from_sources({}, env=env)
 
 
+def test_a_device_torch_cannot_use_names_its_setting(monkeypatch):
+    """Refused with the settings, before gunicorn forks or a model loads (both sections; a student's
+    `--device` is not checked: it runs on onnxruntime)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for env, needle in (({"PAGODA_DEVICE": "cuda"}, "--device / PAGODA_DEVICE: 'cuda' is not available"),
+                        ({"PAGODA_GENERATE_DEVICE": "cuda:1"}, "--generate-device / PAGODA_GENERATE_DEVICE: 'cuda:1' is not available"),
+                        ({"PAGODA_DEVICE": "quantum"}, "'quantum' is not a device name")):
+        with pytest.raises(ValueError, match=needle):
+            ServeConfig.from_sources({}, env=env)
+    assert ServeConfig.from_sources({}, env={"PAGODA_GENERATE_DEVICE": "cuda", "PAGODA_GENERATE_MODEL": "none"})
+
+
 def test_serve_refuses_bad_files(tmp_path):
     (tmp_path / "policy.yaml").write_text("escalate: churn_risk.noul >> 0.7\n")
     (tmp_path / "presets.yaml").write_text("triage:\n  q: {type: choice, instructions: Which one}\n")
