@@ -31,7 +31,7 @@ def test_bad_values_name_the_setting(env, needle):
         ServeConfig.from_sources({}, env=env)
 
 
-def test_a_device_torch_cannot_use_names_its_setting(monkeypatch):
+def test_a_device_torch_cannot_use_names_its_setting(monkeypatch, tmp_path):
     """Refused with the settings, before gunicorn forks or a model loads (both sections; a student's
     `--device` is not checked: it runs on onnxruntime)."""
     import torch
@@ -43,6 +43,7 @@ def test_a_device_torch_cannot_use_names_its_setting(monkeypatch):
         with pytest.raises(ValueError, match=needle):
             ServeConfig.from_sources({}, env=env)
     assert ServeConfig.from_sources({}, env={"PAGODA_GENERATE_DEVICE": "cuda", "PAGODA_GENERATE_MODEL": "none"})
+    assert ServeConfig.from_sources({"student": str(tmp_path)}, env={"PAGODA_DEVICE": "cuda"}).decide.device == "cuda"
 
 
 def test_serve_refuses_bad_files(tmp_path):
