@@ -22,6 +22,8 @@ import random
 import sys
 from pathlib import Path
 
+from laya.corpus import noise
+
 DEFAULT_SEED = 2026
 
 
@@ -49,67 +51,18 @@ def first_sentence(text: str) -> str | None:
     return None
 
 
-_GREETINGS = ["Hi,", "Hello,", "Hey", "Hi team,", "Dear support,", "Good morning,", "hello?", "To whom it may concern,"]
-_SIGN_OFFS = ["Thanks", "Thank you!", "Regards,\nSam", "Cheers", "Sent from my phone", "thx", "Best,\nA. Novak",
-              "-- \nOps team"]
-
-
-def _typo(text: str, rng: random.Random) -> str:
-    words = text.split(" ")
-    long = [i for i, w in enumerate(words) if len(w) >= 4 and w.isalpha()]
-    if not long:
-        return text
-    i = rng.choice(long)
-    w = words[i]
-    j = rng.randrange(len(w) - 1)
-    words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:] if rng.random() < 0.6 else w[:j] + w[j + 1:]
-    return " ".join(words)
-
-
-def _sentences(text: str) -> list[str]:
-    out, start = [], 0
-    for i, ch in enumerate(text):
-        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] in " \n"):
-            out.append(text[start:i + 1].strip())
-            start = i + 1
-    rest = text[start:].strip()
-    return [s for s in out + ([rest] if rest else []) if s]
-
-
 def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) -> list[str]:
     """Each text as written plus up to `per_text` distinct copies with one to three of: lower case, a sentence shouted,
     punctuation dropped, a typo or two, a greeting and sign-off, only the first sentence, another ticket's
-    sentence appended. Why perturb rather than only add the texts: a few hundred tickets are few rows beside 9,000,
+    sentence appended (`laya.corpus.noise`). Why perturb rather than only add the texts: a few hundred tickets are few rows beside 9,000,
     and the student must follow its teacher on how people write (case, typos, two issues at once), which
     is what the evaluation tickets vary in."""
-    def perturb(text: str) -> str:
-        for op in rng.sample(range(7), rng.randint(1, 3)):
-            if op == 0:
-                text = text.lower()
-            elif op == 1:
-                parts = _sentences(text)
-                k = rng.randrange(len(parts))
-                text = " ".join(p.upper() if i == k else p for i, p in enumerate(parts))
-            elif op == 2:
-                text = "".join(ch for ch in text if ch not in ".,!?;:'\"")
-            elif op == 3:
-                for _ in range(rng.randint(1, 2)):
-                    text = _typo(text, rng)
-            elif op == 4:
-                text = f"{rng.choice(_GREETINGS)}\n\n{text}\n\n{rng.choice(_SIGN_OFFS)}"
-            elif op == 5:
-                parts = _sentences(text)
-                text = parts[0] if parts else text
-            else:
-                text = f"{text} {rng.choice(_sentences(rng.choice(texts)) or texts)}"
-        return text
-
     out = []
     for t in texts:
         out.append(t)
         seen = {t}
         for _ in range(per_text):
-            v = perturb(t)
+            v = noise.perturb(t, rng, texts)
             if v not in seen:
                 seen.add(v)
                 out.append(v)

@@ -1,0 +1,67 @@
+"""How people vary the same message: case, a shouted sentence, dropped punctuation, typos, a greeting and
+sign-off, a message cut to its first sentence, another message's sentence tacked on.
+
+One home for these edits because two trainings need them: the distilled student's corpus copies each
+hand-written text with any of them (`distill.corpus`), and laya-mini's fine-tune asks for the same answer
+on a text and its copy under the edits that keep its meaning (`laya.training.finetune`, the `consistency`
+source). The first five kinds keep a message's meaning; cutting and appending may change it.
+"""
+
+from __future__ import annotations
+
+import random
+
+LOWER, SHOUT, NO_PUNCTUATION, TYPOS, GREETING, FIRST_SENTENCE, APPEND = range(7)
+KINDS = (LOWER, SHOUT, NO_PUNCTUATION, TYPOS, GREETING, FIRST_SENTENCE, APPEND)
+SAME_MEANING = (LOWER, SHOUT, NO_PUNCTUATION, TYPOS, GREETING)
+
+GREETINGS = ["Hi,", "Hello,", "Hey", "Hi team,", "Dear support,", "Good morning,", "hello?", "To whom it may concern,"]
+SIGN_OFFS = ["Thanks", "Thank you!", "Regards,\nSam", "Cheers", "Sent from my phone", "thx", "Best,\nA. Novak",
+             "-- \nOps team"]
+
+
+def typo(text: str, rng: random.Random) -> str:
+    """Two letters of one word of 4+ letters swapped (60%) or one of them dropped."""
+    words = text.split(" ")
+    long = [i for i, w in enumerate(words) if len(w) >= 4 and w.isalpha()]
+    if not long:
+        return text
+    i = rng.choice(long)
+    w = words[i]
+    j = rng.randrange(len(w) - 1)
+    words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:] if rng.random() < 0.6 else w[:j] + w[j + 1:]
+    return " ".join(words)
+
+
+def sentences(text: str) -> list[str]:
+    out, start = [], 0
+    for i, ch in enumerate(text):
+        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] in " \n"):
+            out.append(text[start:i + 1].strip())
+            start = i + 1
+    rest = text[start:].strip()
+    return [s for s in out + ([rest] if rest else []) if s]
+
+
+def perturb(text: str, rng: random.Random, pool: list[str], kinds: tuple[int, ...] = KINDS) -> str:
+    """`text` with one to three distinct edits drawn from `kinds`; APPEND takes its sentence from `pool`."""
+    for op in rng.sample(kinds, rng.randint(1, min(3, len(kinds)))):
+        if op == LOWER:
+            text = text.lower()
+        elif op == SHOUT:
+            parts = sentences(text)
+            k = rng.randrange(len(parts))
+            text = " ".join(p.upper() if i == k else p for i, p in enumerate(parts))
+        elif op == NO_PUNCTUATION:
+            text = "".join(ch for ch in text if ch not in ".,!?;:'\"")
+        elif op == TYPOS:
+            for _ in range(rng.randint(1, 2)):
+                text = typo(text, rng)
+        elif op == GREETING:
+            text = f"{rng.choice(GREETINGS)}\n\n{text}\n\n{rng.choice(SIGN_OFFS)}"
+        elif op == FIRST_SENTENCE:
+            parts = sentences(text)
+            text = parts[0] if parts else text
+        else:
+            text = f"{text} {rng.choice(sentences(rng.choice(pool)) or pool)}"
+    return text
