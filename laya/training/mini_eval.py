@@ -11,7 +11,9 @@
   used in training or calibration) under the README's support-triage questions (`laya.scenarios`
   "billing"): department accuracy, churn accuracy (p > 0.5), urgency MAE (expected level vs gold),
   department ECE at the checkpoint's fitted temperatures, i.e. after calibration, the gold answer's log
-  loss per question; the baseline's department accuracy on rendered options.
+  loss per question; the baseline's department accuracy on rendered options; and how often each answer
+  survives edits that keep a ticket's meaning (`laya.corpus.noise.SAME_MEANING`: case, punctuation, a typo
+  or two, a greeting and sign-off), which bounds what a student taught on such copies can agree with it.
 - the issue's **acceptance sentences** (`ACCEPTANCE`, also `tests/laya/test_mini_acceptance.py`).
 
 Answers go through `Agent.prepare/forward/finish`, the path `predict` takes, so temperatures and budgets
@@ -21,6 +23,7 @@ are the checkpoint's own. The baseline is `laya.training.similarity.Cosine` (als
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from laya.calibration import ece
+from laya.corpus import noise
 from laya.corpus.handwritten import default_tickets, read_tickets
 from laya.corpus.intents import DEFAULT_DATA, EVAL_INSTRUCTION, heldout_choice_sets, humanise
 from laya.scenarios import load as scenario
@@ -36,6 +40,8 @@ from laya.training.similarity import Cosine
 
 ECE_BINS = 10            # 74 tickets: 15 bins would leave most bins with a handful of items
 GOAL_MARGIN = 0.03       # issue 15: held-out-label accuracy >= baseline + 3 points
+EDIT_COPIES = 2          # edited copies per ticket for the self-agreement figure (fixed seed EDIT_SEED)
+EDIT_SEED = 15
 
 
 @dataclass(frozen=True)
@@ -136,11 +142,21 @@ def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[s
             "urgency": [a["urgency"]["probabilities"][str(t["urgency"])] for a, t in zip(ans, tickets)],
             "churn": [p if t["churn"] else 1 - p for p, t in zip(churn, tickets)]}
     nll = {k: _log_loss(np.asarray(v, dtype=float)) for k, v in gold.items()}
-    return {"n": len(tickets), "nll": nll, "department": float(dhit.mean()), "department_cosine": float(base.mean()),
+    texts = [t["text"] for t in tickets]
+    rng = random.Random(EDIT_SEED)
+    edited = _answers(agent, [(noise.perturb(x, rng, texts, noise.SAME_MEANING), questions)
+                              for x in texts for _ in range(EDIT_COPIES)])
+    clean = [a for a in ans for _ in range(EDIT_COPIES)]
+    stable = {q: float(np.mean([_top(a[q]) == _top(e[q]) for a, e in zip(clean, edited)])) for q in questions}
+    return {"n": len(tickets), "nll": nll, "self_agreement_under_edits": stable, "department": float(dhit.mean()), "department_cosine": float(base.mean()),
             "department_ece10": ece(dconf, dhit, ECE_BINS), "churn": float(chit.mean()),
             "churn_ece10": ece(np.maximum(churn, 1 - churn), chit, ECE_BINS),
             "urgency_mae": float(np.abs(urg - gold_urg).mean()),
             "_department_conf": dconf.tolist(), "_department_hit": dhit.tolist()}
+
+
+def _top(answer: dict[str, Any]) -> Any:
+    return answer["noul"] > 0.5 if "noul" in answer else max(answer["probabilities"], key=answer["probabilities"].get)
 
 
 def eval_acceptance(agent) -> list[dict[str, Any]]:
@@ -199,6 +215,8 @@ def summary(report: dict[str, Any]) -> str:
               f"{t['department_cosine']:.3f}), churn {t['churn']:.3f}, urgency MAE {t['urgency_mae']:.3f}, "
               f"department ECE10 {t['department_ece10']:.3f} (after calibration)",
               "  log loss of the gold answer: " + ", ".join(f"{k} {v:.3f}" for k, v in t["nll"].items()),
+              f"  answer unchanged under meaning-keeping edits ({EDIT_COPIES} per ticket): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in t["self_agreement_under_edits"].items()),
               "", "acceptance sentences:"]
     for a in report["acceptance"]:
         verdict = "ok  " if not a["failures"] else "FAIL"

@@ -130,6 +130,7 @@ def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
     for k, ps in want.items():   # the gold answer's log loss, as the API reports probabilities
         assert report["tickets"]["nll"][k] == pytest.approx(float(np.mean([-np.log(max(p, 1e-4)) for p in ps])))
     assert "log loss of the gold answer" in out
+    assert "answer unchanged under meaning-keeping edits" in out
     assert len(report["acceptance"]) == 4 and len(report["goals"]) == 11
     assert "cosine baseline" in out and "acceptance sentences" in out
 
@@ -171,3 +172,26 @@ def test_build_intents_learn_part_of_their_target_from_the_teacher(data):
         items_from_example(ex, "mix")                 # what the trainer reads
     calib = mini.intent_examples(spec, "calib", 50, seed=4, cosine=_FixedCosine())
     assert all("labels" in ex and "targets" not in ex and "teacher" not in ex for ex in calib)
+
+
+def test_self_agreement_counts_the_answers_an_edit_changes():
+    """On real tickets and the embedded default (where edits do move some answers), the figure is the share of
+    (ticket, edited copy) pairs whose top answer equals the one on the ticket as written, copies drawn with the
+    report's seed."""
+    from laya.corpus import noise
+    from laya.corpus.handwritten import default_tickets, read_tickets
+    from laya.training import mini
+
+    tickets = read_tickets(default_tickets())[:24]
+    agent, questions = laya.load(str(mini.ensure())), scenario("billing")[1]
+    report = mini_eval.eval_tickets(agent, Cosine(), tickets)["self_agreement_under_edits"]
+    texts = [t["text"] for t in tickets]
+    rng, same = random.Random(mini_eval.EDIT_SEED), {q: [] for q in questions}
+    for text in texts:
+        clean = agent.predict(text, questions)["answers"]
+        for _ in range(mini_eval.EDIT_COPIES):
+            edited = agent.predict(noise.perturb(text, rng, texts, noise.SAME_MEANING), questions)["answers"]
+            for q in questions:
+                same[q].append(mini_eval._top(edited[q]) == mini_eval._top(clean[q]))
+    assert report == pytest.approx({q: np.mean(v) for q, v in same.items()})
+    assert min(report.values()) < 1.0     # some answer moved: the comparison is not vacuous here
