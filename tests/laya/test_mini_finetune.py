@@ -123,3 +123,40 @@ def test_zero_steps_refit_only_the_temperatures_and_the_head_digest_follows_them
     cfg.calib_tickets, cfg.out, cfg.head_dir = False, str(tmp_path / "ft2"), ""
     finetune(cfg, progress=False)
     assert not any(handwritten.SOURCE in line for line in (tmp_path / "ft2" / "calib.jsonl").read_text().splitlines())
+
+
+def test_consistency_targets_are_the_anchors_answer_on_the_clean_text(laya_tiny_bert):
+    """The `consistency` source pairs a perturbed item with its clean text; the target is the anchor's softmax on
+    the clean row (canonical option order), which the inference engine gives for that text too."""
+    import random
+
+    from laya.checkpoint import load_checkpoint
+    from laya.rows import Budgets
+    from laya.training.finetune import _consistency, anchor_answer
+
+    questions = scenario("billing")[1]
+    texts = ["We were billed twice, refund or we cancel.", "The app crashes on login since the update. Please help!"]
+    pairs = _consistency(texts, questions, random.Random(0))(12)
+    assert {clean.state for _, clean in pairs} <= set(texts) and any(p.state != c.state for p, c in pairs)
+    assert all(p.name == c.name and p.question == c.question for p, c in pairs)
+    model, tok, _ = load_checkpoint(laya_tiny_bert)
+    target = anchor_answer(model.eval(), tok, [c for _, c in pairs], Budgets(160, 128), "fp32")
+    agent = laya.load(laya_tiny_bert)
+    for row, (_, clean) in zip(target, pairs):
+        prepared = agent.prepare(clean.state, {clean.name: questions[clean.name]})
+        logits = agent.forward(prepared.rows)[0].logits
+        k = len(clean.question.keys)
+        want = torch.softmax(torch.tensor(logits, dtype=torch.float32), -1)
+        assert torch.allclose(row[:k], want, atol=1e-4) and float(row[k:].sum()) < 1e-4
+
+
+def test_a_consistency_only_fine_tune_trains_on_the_student_texts(laya_tiny_bert, data, tmp_path):  # noqa: F811
+    out = tmp_path / "ft"
+    cfg = FinetuneConfig(init=laya_tiny_bert, out=str(out), data=str(data), steps=2, batch_size=4, window_batches=1,
+                         lr=1e-2, encoder_lr=1e-2, mix={"consistency": 1.0}, corpus=TINY_CORPUS, intents_calib=0,
+                         threads=1)
+    summary = finetune(cfg, progress=False)
+    assert summary["steps_by_source"] == {"consistency": 2}
+    w0 = load_file(f"{laya_tiny_bert}/model.safetensors")
+    w1 = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3
