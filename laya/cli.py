@@ -251,8 +251,7 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--seed", default="0", help="seed of the corpus, the intent draws and the batches (default 0)")
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
-                        "default); consistency=W adds the hand-written student texts, perturbed, against the model's "
-                        "own answer on each clean text")
+                        "default)")
     f.add_argument("--no-calib-tickets", action="store_true",
                    help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl")
     f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "

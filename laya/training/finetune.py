@@ -22,7 +22,6 @@ are left out here.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
@@ -34,10 +33,6 @@ from typing import Any
 from laya.training.losses import LossWeights
 
 MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075}
-# Not in the default mix: the hand-written student texts, each perturbed without changing its meaning
-# (`laya.corpus.noise.SAME_MEANING`), with the model's own answer on the unperturbed text as the target.
-CONSISTENCY = "consistency"
-SOURCES = (*MIX, CONSISTENCY)
 
 
 def _default_corpus() -> dict[str, int]:
@@ -104,9 +99,9 @@ class FinetuneConfig:
         from laya.training.trainer import check_precision
 
         check_precision(self.precision, "cpu")
-        unknown = set(self.mix) - set(SOURCES)
+        unknown = set(self.mix) - set(MIX)
         if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
-            raise ValueError(f"finetune: mix must weigh some of {sorted(SOURCES)} with weights >= 0, got {self.mix!r}")
+            raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")
 
 
 class Source:
@@ -154,32 +149,6 @@ def _intents(source, rng: random.Random):
             ex = source.example(rng)
             teacher = ex.pop("teacher", {}).get("intent")
             out.append((items_from_example(ex, "intents")[0], teacher))
-        return out
-    return draw
-
-
-def _consistency(texts: list[str], questions: dict, rng: random.Random):
-    """Pairs (perturbed item, clean item) of one text and one question each. The items' targets are uniform
-    placeholders: the loop replaces them by the init checkpoint's answer on the clean item (`anchor_answer`), so
-    the loss asks for that answer whatever the greeting, typos or punctuation. Why: on the hand-written evaluation tickets a greeting
-    and sign-off changed round 4's urgency answer on 18% of them, a typo or two on 12%, so the student, taught on
-    perturbed copies, was taught a teacher that contradicts itself (docs/laya-mini.md)."""
-    from laya.corpus import noise
-    from laya.questions import parse_question
-    from laya.training.examples import Item
-
-    parsed = {name: parse_question(name, qdef) for name, qdef in questions.items()}
-    names = list(questions)
-
-    def item(text: str, name: str) -> Item:
-        q = parsed[name]
-        return Item(text, name, questions[name], q, tuple([1.0 / len(q.keys)] * len(q.keys)), False, CONSISTENCY)
-
-    def draw(n: int) -> list:
-        out = []
-        for _ in range(n):
-            text, name = rng.choice(texts), rng.choice(names)
-            out.append((item(noise.perturb(text, rng, texts, noise.SAME_MEANING), name), item(text, name)))
         return out
     return draw
 
@@ -262,7 +231,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         for it in items_from_example(ex, f"train:{i}"):
             by_source.setdefault(ex["source"], []).append(it)
     names = [n for n, w in cfg.mix.items() if w > 0]
-    missing = [n for n in names if n not in ("intents", CONSISTENCY) and not by_source.get(n)]
+    missing = [n for n in names if n != "intents" and not by_source.get(n)]
     if missing:
         raise ValueError(f"finetune: the corpus has no {missing} examples (corpus sizes {cfg.corpus})")
 
@@ -288,18 +257,10 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         if name == "intents":
             sources[name] = Source(_intents(intents, random.Random(cfg.seed + 1)), tok, budgets, cfg,
                                    random.Random(cfg.seed + 2))
-        elif name == CONSISTENCY:   # no option shuffle: the clean and perturbed rows must share slot orders
-            from laya.corpus.handwritten import STUDENT_FILE, default_tickets, read_texts
-            from laya.scenarios import load as scenario
-
-            sources[name] = Source(_consistency(read_texts(default_tickets(STUDENT_FILE)), scenario("billing")[1],
-                                                random.Random(cfg.seed + 5)), tok, budgets, cfg,
-                                   random.Random(cfg.seed + 6))
         else:
             sources[name] = Source(_cycle(by_source[name], random.Random(cfg.seed + 10 + k)), tok, budgets, cfg,
                                    random.Random(cfg.seed + 3), augment)
     cosine = Cosine() if cfg.kl_weight and "intents" in sources else None
-    anchor = copy.deepcopy(model).eval() if CONSISTENCY in sources else None
     warm = max(1, round(cfg.warmup * cfg.steps))
 
     def lr_at(step: int) -> float:  # the trainer's schedule: linear warmup, cosine decay to 10%
@@ -321,8 +282,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         model.train()
         model.encoder.eval()   # no dropout in a mostly frozen encoder
         batch, target = training_batch(tok, items, range(len(items)), budgets, src.rng, src.augment)
-        if name == CONSISTENCY:
-            target = anchor_answer(anchor, tok, teachers, budgets, cfg.precision)
         with autocast(cfg.precision, "cpu"):
             logits, act = model(**batch)
         logits, act = logits.float(), act.float()
@@ -366,21 +325,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.head_dir:
         publish(cfg, out, corpus, fit, ev, summary)
     return summary
-
-
-def anchor_answer(anchor, tok, clean: list, budgets, precision: str):
-    """The anchor's distributions on the clean items, in their slot order (unused slots ~0): the consistency
-    source's targets. The anchor is a frozen copy of the init checkpoint, not the model in training: with the
-    moving model as its own target (200 steps, half of them consistency) answers drifted toward whatever is easy
-    to keep constant, and department accuracy on the hand-written tickets fell from 0.932 to 0.811."""
-    import torch
-
-    from laya.training.trainer import autocast, training_batch
-
-    batch, _ = training_batch(tok, clean, range(len(clean)), budgets, None, None)
-    with torch.no_grad(), autocast(precision, "cpu"):
-        logits, _ = anchor(**batch)
-    return torch.softmax(logits.float(), -1)
 
 
 def changed_layer_prefixes(staged: Path) -> list[str]:
