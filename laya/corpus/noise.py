@@ -1,10 +1,10 @@
 """How people vary the same message: case, a shouted sentence, dropped punctuation, typos, a greeting and
 sign-off, a message cut to its first sentence, another message's sentence tacked on.
 
-One home for these edits because two trainings need them: the distilled student's corpus copies each
-hand-written text with any of them (`distill.corpus`), and laya-mini's fine-tune asks for the same answer
-on a text and its copy under the edits that keep its meaning (`laya.training.finetune`, the `consistency`
-source). The first five kinds keep a message's meaning; cutting and appending may change it.
+One home for these edits because two places need them: the distilled student's corpus copies each
+hand-written text with any of them (`distill.corpus`), and `pagoda laya-mini eval` measures how often an
+answer survives the edits that keep a message's meaning (`SAME_MEANING`: the first five kinds; cutting and
+appending may change it), which bounds how well a student taught on such copies can follow its teacher.
 """
 
 from __future__ import annotations
