@@ -52,11 +52,10 @@ def first_sentence(text: str) -> str | None:
 
 
 def handwritten_variants(texts: list[str], per_text: int, rng: random.Random) -> list[str]:
-    """Each text as written plus up to `per_text` distinct copies with one to three of: lower case, a sentence shouted,
-    punctuation dropped, a typo or two, a greeting and sign-off, only the first sentence, another ticket's
-    sentence appended (`laya.corpus.noise`). Why perturb rather than only add the texts: a few hundred tickets are few rows beside 9,000,
-    and the student must follow its teacher on how people write (case, typos, two issues at once), which
-    is what the evaluation tickets vary in."""
+    """Each text as written plus up to `per_text` distinct copies, each with one to three of `laya.corpus.noise`'s
+    edits (any kind: a copy may be cut to its first sentence or borrow another text's sentence). Why perturb rather
+    than only add the texts: a few hundred tickets are few rows beside 9,000, and the student must follow its
+    teacher on how people write (case, typos, two issues at once), which is what the evaluation tickets vary in."""
     out = []
     for t in texts:
         out.append(t)
