@@ -59,6 +59,19 @@ def answer(q: Question, p: np.ndarray, act_probability: float | None) -> dict[st
     return {"type": "noul", "noul": round(p_true, 4), "confidence": round(max(p_true, 1.0 - p_true), 4), **common}
 
 
+def option_probabilities(answer: dict[str, Any]) -> dict[str, float]:
+    """An answer's probabilities by option name, without its question: a noul answer as `true` / `false`.
+    For comparing answers (agreement, a build's probe, the eval's edit check), where only the names matter."""
+    if "probabilities" in answer:
+        return answer["probabilities"]
+    return {"true": answer["noul"], "false": 1 - answer["noul"]}
+
+
+def top_option(answer: dict[str, Any]) -> str:
+    probs = option_probabilities(answer)
+    return max(probs, key=probs.get)
+
+
 def probabilities_from_answer(q: Question, answer: dict[str, Any]) -> np.ndarray:
     """A question's distribution read back from its answer, in option-index order, renormalised.
 

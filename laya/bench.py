@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from laya.answers import option_probabilities
 from laya.precision import detect, plan
 from laya.scenarios import load as scenario
 
@@ -375,8 +376,7 @@ def compare_answers(reference: list[dict], other: list[dict]) -> dict[str, Any]:
     for ref_answers, answers in zip(reference, other):
         for name, a in ref_answers.items():
             b = answers[name]
-            pa = a.get("probabilities") or {"true": a["noul"], "false": 1 - a["noul"]}
-            pb = b.get("probabilities") or {"true": b["noul"], "false": 1 - b["noul"]}
+            pa, pb = option_probabilities(a), option_probabilities(b)
             gaps.append(max(abs(pa[k] - pb[k]) for k in pa))
             top = sorted(pa.values(), reverse=True)
             margin = top[0] - top[1]

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laya.answers import option_probabilities
 from laya.paths import MINI_HEAD_DIR as HEAD_DIR
 from laya.paths import default_model_dir, minilm_dir
 from laya.scenarios import load as scenario
@@ -153,8 +154,7 @@ def verify(path: Path, expected: dict[str, Any]) -> None:
     what the examples say today) and require the same probabilities."""
     got = probe(path, expected["state"], expected["questions"])
     for name, ans in expected["answers"].items():
-        want = ans.get("probabilities") or {"true": ans["noul"]}
-        have = got["answers"][name].get("probabilities") or {"true": got["answers"][name]["noul"]}
+        want, have = option_probabilities(ans), option_probabilities(got["answers"][name])
         for label, p in want.items():
             if abs(have[label] - p) > PROBE_TOLERANCE:
                 raise ValueError(f"assembled laya-mini answers {name}={label} with p={have[label]:.4f}, the build "

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from laya.answers import top_option
 from laya.calibration import ece
 from laya.corpus import noise
 from laya.corpus.handwritten import default_tickets, read_tickets
@@ -147,16 +148,12 @@ def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[s
     edited = _answers(agent, [(noise.perturb(x, rng, texts, noise.SAME_MEANING), questions)
                               for x in texts for _ in range(EDIT_COPIES)])
     clean = [a for a in ans for _ in range(EDIT_COPIES)]
-    stable = {q: float(np.mean([_top(a[q]) == _top(e[q]) for a, e in zip(clean, edited)])) for q in questions}
+    stable = {q: float(np.mean([top_option(a[q]) == top_option(e[q]) for a, e in zip(clean, edited)])) for q in questions}
     return {"n": len(tickets), "nll": nll, "self_agreement_under_edits": stable, "department": float(dhit.mean()), "department_cosine": float(base.mean()),
             "department_ece10": ece(dconf, dhit, ECE_BINS), "churn": float(chit.mean()),
             "churn_ece10": ece(np.maximum(churn, 1 - churn), chit, ECE_BINS),
             "urgency_mae": float(np.abs(urg - gold_urg).mean()),
             "_department_conf": dconf.tolist(), "_department_hit": dhit.tolist()}
-
-
-def _top(answer: dict[str, Any]) -> Any:
-    return answer["noul"] > 0.5 if "noul" in answer else max(answer["probabilities"], key=answer["probabilities"].get)
 
 
 def eval_acceptance(agent) -> list[dict[str, Any]]:

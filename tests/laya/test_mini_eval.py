@@ -178,6 +178,7 @@ def test_self_agreement_counts_the_answers_an_edit_changes():
     """On real tickets and the embedded default (where edits do move some answers), the figure is the share of
     (ticket, edited copy) pairs whose top answer equals the one on the ticket as written, copies drawn with the
     report's seed."""
+    from laya.answers import top_option
     from laya.corpus import noise
     from laya.corpus.handwritten import default_tickets, read_tickets
     from laya.training import mini
@@ -192,6 +193,6 @@ def test_self_agreement_counts_the_answers_an_edit_changes():
         for _ in range(mini_eval.EDIT_COPIES):
             edited = agent.predict(noise.perturb(text, rng, texts, noise.SAME_MEANING), questions)["answers"]
             for q in questions:
-                same[q].append(mini_eval._top(edited[q]) == mini_eval._top(clean[q]))
+                same[q].append(top_option(edited[q]) == top_option(clean[q]))
     assert report == pytest.approx({q: np.mean(v) for q, v in same.items()})
     assert min(report.values()) < 1.0     # some answer moved: the comparison is not vacuous here
