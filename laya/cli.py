@@ -252,9 +252,6 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
                         "default)")
-    f.add_argument("--recombined", default="0", metavar="P",
-                   help="share of verb-object intent choices that get 1-2 wrong labels keeping the object under another "
-                        "label's verb, e.g. 'search restaurant' beside 'book restaurant' (default 0)")
     f.add_argument("--no-calib-tickets", action="store_true",
                    help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl")
     f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
@@ -311,13 +308,6 @@ def _int_flag(flag: str, value: str | None) -> int | None:
         raise ValueError(f"{flag}: expected an integer, got {value!r}") from None
 
 
-def _float_flag(flag: str, value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{flag}: expected a number, got {value!r}") from None
-
-
 def _mix_flag(value: str | None) -> dict[str, float] | None:
     if value is None:
         return None
@@ -339,7 +329,7 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
                              mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets,
-                             precision=args.precision, recombined=_float_flag("--recombined", args.recombined))
+                             precision=args.precision)
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

@@ -8,10 +8,7 @@ order, wording), so a training stream never repeats a row:
   descriptions; half the distractors from the true intent's own domain; 20% carry a catch-all
   option (`other`, `none of these`), gold when the true intent was left out or the text is out of scope;
 - noul about a named intent ("Is the user's intent 'X'?"), half true, false ones often a sibling intent;
-- out-of-scope negatives: CLINC's `oos` queries against intent options (catch-all gold) or nouls (false);
-- recombined distractors (opt-in, `p_recombined`): for a label that is a verb and its object ("book restaurant"),
-  wrong labels that keep the object under another train label's verb ("search restaurant"), so an option that
-  names what the text mentions but not what it asks to do must lose to one that names both.
+- out-of-scope negatives: CLINC's `oos` queries against intent options (catch-all gold) or nouls (false).
 
 The held-out-label split is fixed here, in code, because the evaluation's claim ("labels never seen in
 training") is only as good as that split: Snips `GetWeather`, `RateBook`, `SearchScreeningEvent`, and
@@ -49,10 +46,6 @@ NOUL_FORMS = ("Is the user's intent '{h}'?", "Is this message about {h}?", "Does
               "Is the intent {h}?", "Does the user ask for {h}?", "Is this a {h} request?", "{h}?",
               "Does the utterance express the intent \"{h}\"?")
 CATCH_ALL = ("other", "none of these", "out of scope", "something else", "none of the above", "unknown")
-# The verbs that head train labels ("add to playlist", "pay bill"), the only ones recombined distractors use:
-# a verb taken from a held-out label would put that label's wording into training.
-LABEL_VERBS = ("accept", "add", "book", "cancel", "change", "confirm", "freeze", "improve", "order", "pay", "play",
-               "redeem", "report", "reset", "schedule", "search", "sync", "tell", "update")
 DESCRIPTION_FORMS = ("{h}", "the user asks about {h}", "requests about {h}", "{d}: {h}", "anything to do with {h}")
 
 
@@ -121,10 +114,8 @@ class IntentSource:
     seed: int = 0
     p_oos: float = 0.08
     p_choice: float = 0.65
-    p_recombined: float = 0.0           # share of verb-object choices given 1-2 recombined distractors (0: as round 4)
     items: list[tuple[str, str]] = field(init=False)
     oos: list[str] = field(init=False)
-    recombined: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         if self.split not in ("train", "calib"):
@@ -148,9 +139,6 @@ class IntentSource:
         self.by_domain: dict[str, list[str]] = {}
         for y in self.labels:
             self.by_domain.setdefault(self.domain[y], []).append(y)
-        # Every real label's wording, held-out ones included: a recombination that spells one is dropped, so it
-        # is never taught as wrong where it may be right, and no held-out label enters training as an option.
-        self.taken = {humanise(y) for y in self.labels} | {humanise(y) for y in held}
 
     def examples(self, n: int, seed: int) -> list[dict]:
         rng = random.Random(seed)
@@ -193,8 +181,6 @@ class IntentSource:
             labels, gold_label = self._others(y, max(1, n_real - 1), rng) + [y], y
         else:
             labels, gold_label = self._others(y, max(1, n_real), rng), None
-        if self.p_recombined and gold_label is not None and rng.random() < self.p_recombined:
-            labels = self._recombine(gold_label, labels, rng)
         rng.shuffle(labels)
         form = rng.choice(("raw", "human", "human", "title"))
         if rng.random() < 0.25:
@@ -213,27 +199,10 @@ class IntentSource:
         gold = words[labels.index(gold_label)] if gold_label is not None else catch
         q = {"type": "choice", "instructions": rng.choice(CHOICE_INSTRUCTIONS),
              "criteria": crit if described else list(crit)}
-        # A recombined label gets no cosine-teacher mass: the base encoder ranks it by the object it shares.
-        teacher = {w: (None if x in self.recombined else humanise(x)) for w, x in zip(words, labels)}
+        teacher = {w: humanise(x) for w, x in zip(words, labels)}
         if catch:
             teacher[catch] = None
         return q, gold, teacher
-
-    def _recombine(self, y: str, labels: list[str], rng: random.Random) -> list[str]:
-        """`labels` with 1-2 of y's distractors swapped for y's object under another train verb (none when y is
-        not verb + object); the new names are remembered in `recombined`, and their domain is y's."""
-        verb, *obj = humanise(y).split()
-        if verb not in LABEL_VERBS or not obj:
-            return labels
-        names = [n for v in LABEL_VERBS if v != verb
-                 for n in ["_".join([v, *obj])] if humanise(n) not in self.taken]
-        others = [x for x in labels if x != y]
-        k = min(rng.randint(1, 2), len(others), len(names))
-        new = rng.sample(names, k)
-        for n in new:
-            self.recombined.add(n)
-            self.domain.setdefault(n, self.domain[y])
-        return [y, *others[:len(others) - k], *new]
 
     def _noul(self, y: str | None, rng: random.Random) -> tuple[dict, bool, None]:
         truth = y is not None and rng.random() < 0.5

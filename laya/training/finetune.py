@@ -65,7 +65,6 @@ class FinetuneConfig:
     head_max_len: int = 128
     corpus: dict[str, int] = field(default_factory=_default_corpus)
     intents_calib: int = 300
-    recombined: float = 0.0          # intents' `p_recombined`: verb-object choices with recombined distractors
     calib_tickets: bool = True       # the temperatures also fit datasets/handwritten_tickets_calib.jsonl
     seed: int = 0
     threads: int | None = None
@@ -94,7 +93,7 @@ class FinetuneConfig:
                 raise ValueError(f"finetune: {name} must be >= 0, got {getattr(self, name)!r}")
         if not self.teacher_tau > 0:
             raise ValueError(f"finetune: teacher_tau must be > 0, got {self.teacher_tau!r}")
-        for name in ("warmup", "shuffle_options", "option_subsets", "recombined"):
+        for name in ("warmup", "shuffle_options", "option_subsets"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"finetune: {name} must be in [0, 1], got {getattr(self, name)!r}")
         from laya.training.trainer import check_precision
@@ -225,7 +224,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     t0 = time.time()
     times: dict[str, float] = {}
-    intents = IntentSource(Path(cfg.data), "train", seed=cfg.seed, p_recombined=cfg.recombined) if cfg.mix.get("intents") else None
+    intents = IntentSource(Path(cfg.data), "train", seed=cfg.seed) if cfg.mix.get("intents") else None
     corpus = build(CorpusConfig(seed=cfg.seed, **cfg.corpus))
     by_source: dict[str, list] = {}
     for i, ex in enumerate(corpus["train"]):
