@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ ECE_BINS = 10            # 74 tickets: 15 bins would leave most bins with a hand
 GOAL_MARGIN = 0.03       # issue 15: held-out-label accuracy >= baseline + 3 points
 EDIT_COPIES = 2          # edited copies per ticket for the self-agreement figure (fixed seed EDIT_SEED)
 EDIT_SEED = 15
+WORST_INTENTS = 3        # per held-out set, the intents printed where laya-mini trails the baseline most
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,22 @@ def eval_intents(agent, cosine: Cosine, sets: dict[str, list[tuple[str, list[str
             key = name if wording == "human" else f"{name}_raw"
             gold_p = np.array([a["probabilities"][gold] for a, gold in zip(ans, golds)], dtype=float)
             res[key] = {"n": len(items), "laya": float(hit.mean()), "cosine": float(base.mean()),
-                        "laya_ece10": ece(conf, hit, ECE_BINS), "laya_nll": _log_loss(gold_p)}
+                        "laya_ece10": ece(conf, hit, ECE_BINS), "laya_nll": _log_loss(gold_p),
+                        "by_intent": by_intent([opts[g] for _, opts, g in items], hit, base,
+                                               [a["choice"] for a in ans])}
     return res
+
+
+def by_intent(golds: list[str], hit: np.ndarray, base: np.ndarray, answers: list[str]) -> dict[str, dict[str, Any]]:
+    """Accuracy per true intent, laya-mini and the baseline, and laya-mini's most frequent wrong answer: a set's
+    mean hides whether it trails everywhere or on one label that a seen label draws away."""
+    out: dict[str, dict[str, Any]] = {}
+    for y in sorted(set(golds)):
+        idx = [i for i, g in enumerate(golds) if g == y]
+        wrong = Counter(answers[i] for i in idx if not hit[i]).most_common(1)
+        out[y] = {"n": len(idx), "laya": float(hit[idx].mean()), "cosine": float(base[idx].mean()),
+                  "most_wrong": list(wrong[0]) if wrong else None}
+    return out
 
 
 def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[str, Any]:
@@ -207,6 +223,15 @@ def summary(report: dict[str, Any]) -> str:
     for k, v in report["intents"].items():
         lines.append(f"| {k} | {v['n']} | {v['laya']:.3f} | {v['cosine']:.3f} | {v['laya'] - v['cosine']:+.3f} | "
                      f"{v['laya_ece10']:.3f} | {v['laya_nll']:.3f} |")
+    lines += ["", "where laya-mini trails the baseline most (labels as humanised; true intent: laya vs cosine, "
+              "its most frequent wrong answer):"]
+    for k, v in report["intents"].items():
+        if k.endswith("_raw") or "by_intent" not in v:
+            continue
+        worst = sorted(v["by_intent"].items(), key=lambda kv: kv[1]["laya"] - kv[1]["cosine"])[:WORST_INTENTS]
+        lines.append(f"  {k}: " + "; ".join(
+            f"{y} (n {r['n']}) {r['laya']:.2f} vs {r['cosine']:.2f}" + (f" ('{r['most_wrong'][0]}' x{r['most_wrong'][1]})"
+                                                           if r["most_wrong"] else "") for y, r in worst))
     t = report["tickets"]
     lines += ["", f"hand-written tickets (n={t['n']}): department {t['department']:.3f} (cosine "
               f"{t['department_cosine']:.3f}), churn {t['churn']:.3f}, urgency MAE {t['urgency_mae']:.3f}, "

@@ -133,6 +133,19 @@ def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
     assert "answer unchanged under meaning-keeping edits" in out
     assert len(report["acceptance"]) == 4 and len(report["goals"]) == 11
     assert "cosine baseline" in out and "acceptance sentences" in out
+    per = report["intents"]["snips"]["by_intent"]   # every true intent of the set, counts adding up to n
+    assert set(per) <= set(intents.SNIPS_HELDOUT) and sum(r["n"] for r in per.values()) == 6
+    assert "trails the baseline most" in out
+
+
+def test_by_intent_splits_a_set_by_its_true_intent():
+    golds = ["RateBook", "RateBook", "RateBook", "GetWeather"]
+    laya_hit, cos_hit = np.array([0.0, 0.0, 1.0, 1.0]), np.array([1.0, 1.0, 0.0, 1.0])
+    answers = ["search creative work", "search creative work", "rate book", "get weather"]
+    per = mini_eval.by_intent(golds, laya_hit, cos_hit, answers)
+    assert per["RateBook"] == {"n": 3, "laya": pytest.approx(1 / 3), "cosine": pytest.approx(2 / 3),
+                               "most_wrong": ["search creative work", 2]}
+    assert per["GetWeather"] == {"n": 1, "laya": 1.0, "cosine": 1.0, "most_wrong": None}
 
 
 def test_eval_command_rejects_a_missing_data_folder(tmp_path, capsys):
