@@ -252,6 +252,10 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
                         "default)")
+    f.add_argument("--encoder-layers", default="3", metavar="N",
+                   help="top encoder layers that train (default 3; 6: all of laya-mini's)")
+    f.add_argument("--kl-weight", default="1.0", metavar="W",
+                   help="weight of the cosine-teacher KL on intent choices (default 1.0)")
     f.add_argument("--no-calib-tickets", action="store_true",
                    help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl")
     f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
@@ -308,6 +312,13 @@ def _int_flag(flag: str, value: str | None) -> int | None:
         raise ValueError(f"{flag}: expected an integer, got {value!r}") from None
 
 
+def _float_flag(flag: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{flag}: expected a number, got {value!r}") from None
+
+
 def _mix_flag(value: str | None) -> dict[str, float] | None:
     if value is None:
         return None
@@ -329,7 +340,8 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
                              mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets,
-                             precision=args.precision)
+                             precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
+                             kl_weight=_float_flag("--kl-weight", args.kl_weight))
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

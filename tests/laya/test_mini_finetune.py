@@ -64,6 +64,9 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--init", "INIT", "--out", "OUT", "--threads", "-1"], "--threads"),
     (["--init", "MISSING", "--out", "OUT"], "--init"),
     (["--init", "INIT", "--out", "OUT", "--precision", "fp16"], "--precision"),
+    (["--init", "INIT", "--out", "OUT", "--encoder-layers", "0"], "--encoder-layers"),
+    (["--init", "INIT", "--out", "OUT", "--kl-weight", "x"], "--kl-weight"),
+    (["--init", "INIT", "--out", "OUT", "--kl-weight", "-1"], "--kl-weight"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_path, capsys):
     from serving.cli import main
