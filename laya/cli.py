@@ -253,7 +253,8 @@ def _register_mini(commands: Any) -> None:
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
                         "default)")
     f.add_argument("--encoder-layers", default="3", metavar="N",
-                   help="top encoder layers that train (default 3; 6: all of laya-mini's)")
+                   help="top encoder layers that train (default 3; 6: all of laya-mini's; more than the "
+                        "encoder has: all)")
     f.add_argument("--kl-weight", default="1.0", metavar="W",
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
     f.add_argument("--no-calib-tickets", action="store_true",
