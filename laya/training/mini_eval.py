@@ -223,15 +223,17 @@ def summary(report: dict[str, Any]) -> str:
     for k, v in report["intents"].items():
         lines.append(f"| {k} | {v['n']} | {v['laya']:.3f} | {v['cosine']:.3f} | {v['laya'] - v['cosine']:+.3f} | "
                      f"{v['laya_ece10']:.3f} | {v['laya_nll']:.3f} |")
-    lines += ["", "where laya-mini trails the baseline most (labels as humanised; true intent: laya vs cosine, "
+    lines += ["", "where laya-mini trails the baseline most (humanised-label sets; true intent: laya vs cosine, "
               "its most frequent wrong answer):"]
     for k, v in report["intents"].items():
-        if k.endswith("_raw") or "by_intent" not in v:
+        if k.endswith("_raw"):
             continue
         worst = sorted(v["by_intent"].items(), key=lambda kv: kv[1]["laya"] - kv[1]["cosine"])[:WORST_INTENTS]
-        lines.append(f"  {k}: " + "; ".join(
-            f"{y} (n {r['n']}) {r['laya']:.2f} vs {r['cosine']:.2f}" + (f" ('{r['most_wrong'][0]}' x{r['most_wrong'][1]})"
-                                                           if r["most_wrong"] else "") for y, r in worst))
+        parts = []
+        for y, r in worst:
+            wrong = f" ('{r['most_wrong'][0]}' x{r['most_wrong'][1]})" if r["most_wrong"] else ""
+            parts.append(f"{y} (n {r['n']}) {r['laya']:.2f} vs {r['cosine']:.2f}{wrong}")
+        lines.append(f"  {k}: " + "; ".join(parts))
     t = report["tickets"]
     lines += ["", f"hand-written tickets (n={t['n']}): department {t['department']:.3f} (cosine "
               f"{t['department_cosine']:.3f}), churn {t['churn']:.3f}, urgency MAE {t['urgency_mae']:.3f}, "
