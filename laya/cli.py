@@ -255,6 +255,12 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--encoder-layers", default="3", metavar="N",
                    help="top encoder layers that train (default 3; 6: all of laya-mini's; more than the "
                         "encoder has: all)")
+    f.add_argument("--corpus-layers", default=None, metavar="N",
+                   help="of the layers that train, the top N that the synthetic sources (tickets, reviews, dialogs) "
+                        "train too; the ones below learn from intent batches only (default: all that train)")
+    f.add_argument("--label-smoothing", default="0", metavar="E",
+                   help="mix the synthetic sources' targets with E of uniform over each row's options, so easy "
+                        "generated tickets do not teach a confidence natural text does not earn (default 0)")
     f.add_argument("--kl-weight", default="1.0", metavar="W",
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
     f.add_argument("--no-calib-tickets", action="store_true",
@@ -342,7 +348,9 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
                              mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets,
                              precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
-                             kl_weight=_float_flag("--kl-weight", args.kl_weight))
+                             kl_weight=_float_flag("--kl-weight", args.kl_weight),
+                             corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
+                             label_smoothing=_float_flag("--label-smoothing", args.label_smoothing))
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ from test_mini_eval import _FixedCosine, data  # noqa: F401  (the teacher stand-
 import laya
 from laya.scenarios import load as scenario
 from laya.training.examples import items_from_example
-from laya.training.finetune import FinetuneConfig, finetune, teacher_kl
+from laya.training.finetune import FinetuneConfig, finetune, smooth, teacher_kl
 
 TINY_CORPUS = {"tickets_train": 40, "tickets_calib": 12, "tickets_test": 4, "tickets_unseen": 4,
                "reviews_train": 40, "reviews_calib": 12, "reviews_test": 4}
@@ -42,6 +42,29 @@ def test_finetune_writes_a_calibrated_checkpoint_that_answers_differently(laya_t
     assert (out / "calib.jsonl").stat().st_size > 0
 
 
+def test_corpus_layers_zero_leaves_the_encoder_to_intent_batches(laya_tiny_bert, data, tmp_path):  # noqa: F811
+    """`--corpus-layers 0` with tickets alone: every encoder layer is set to train, yet none moves (beyond F16
+    rounding), since only intent batches may train them; the head still trains."""
+    out = tmp_path / "ft"
+    cfg = FinetuneConfig(init=laya_tiny_bert, out=str(out), data=str(data), steps=3, batch_size=8, window_batches=2,
+                         lr=1e-2, encoder_lr=1e-2, encoder_layers=99, corpus_layers=0, mix={"tickets": 1.0},
+                         corpus=TINY_CORPUS, intents_calib=0, threads=1)
+    finetune(cfg, progress=False)
+    w0 = load_file(f"{laya_tiny_bert}/model.safetensors")
+    w1 = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    layers = [k for k in w0 if ".layer." in k and k.startswith("encoder.")]
+    assert layers and all(torch.all((w1[k] - w0[k]).abs() <= w0[k].abs() * 2**-10 + 1e-6) for k in layers)
+    assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3
+
+
+def test_smoothing_spreads_eps_over_a_rows_own_options_only():
+    target = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False]])   # row 2: two options, padded
+    out = smooth(target, mask, 0.2)
+    assert torch.allclose(out, torch.tensor([[0.85, 0.05, 0.05, 0.05], [0.1, 0.9, 0.0, 0.0]]))
+    assert torch.allclose(out.sum(-1), torch.ones(2)) and torch.equal(smooth(target, mask, 0.0), target)
+
+
 def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     ex = {"state": "send money to my brother", "labels": {"intent": "Transfer"},
           "questions": {"intent": {"type": "choice", "instructions": "intent", "criteria": ["Transfer", "Balance",
@@ -66,6 +89,10 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--init", "INIT", "--out", "OUT", "--precision", "fp16"], "--precision"),
     (["--init", "INIT", "--out", "OUT", "--encoder-layers", "0"], "--encoder-layers"),
     (["--init", "INIT", "--out", "OUT", "--kl-weight", "x"], "--kl-weight"),
+    (["--init", "INIT", "--out", "OUT", "--corpus-layers", "-1"], "--corpus-layers"),
+    (["--init", "INIT", "--out", "OUT", "--corpus-layers", "two"], "--corpus-layers"),
+    (["--init", "INIT", "--out", "OUT", "--label-smoothing", "1"], "--label-smoothing"),
+    (["--init", "INIT", "--out", "OUT", "--label-smoothing", "lots"], "--label-smoothing"),
     (["--init", "INIT", "--out", "OUT", "--kl-weight", "-1"], "--kl-weight"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_path, capsys):
