@@ -265,6 +265,9 @@ def _register_mini(commands: Any) -> None:
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
     f.add_argument("--no-calib-tickets", action="store_true",
                    help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl")
+    f.add_argument("--calib-sources", default=None, metavar="SOURCE,...",
+                   help="fit the temperatures on these sources' calib rows only, of tickets, reviews, dialogs "
+                        "(the synthetic split), intents, handwritten (default: all)")
     f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
                                                   "replaces the shipped one; `make model` then assembles it)")
     f.set_defaults(func=_mini_finetune)
@@ -350,7 +353,9 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
                              kl_weight=_float_flag("--kl-weight", args.kl_weight),
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
-                             label_smoothing=_float_flag("--label-smoothing", args.label_smoothing))
+                             label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
+                             calib_sources=[x.strip() for x in args.calib_sources.split(",")]
+                             if args.calib_sources is not None else None)
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ from typing import Any
 from laya.training.losses import LossWeights
 
 MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075}
+CALIB_SOURCES = ("tickets", "reviews", "dialogs", "intents", "handwritten")   # the `source` of calib file rows
 
 
 def _default_corpus() -> dict[str, int]:
@@ -68,6 +69,7 @@ class FinetuneConfig:
     corpus: dict[str, int] = field(default_factory=_default_corpus)
     intents_calib: int = 300
     calib_tickets: bool = True       # the temperatures also fit datasets/handwritten_tickets_calib.jsonl
+    calib_sources: list[str] | None = None   # fit on these sources' calib rows only (None: all of CALIB_SOURCES)
     seed: int = 0
     threads: int | None = None
     precision: str = "fp32"          # or "bf16": autocast forward (laya.training.trainer.check_precision)
@@ -108,6 +110,8 @@ class FinetuneConfig:
         from laya.training.trainer import check_precision
 
         check_precision(self.precision, "cpu")
+        if self.calib_sources is not None and (not self.calib_sources or set(self.calib_sources) - set(CALIB_SOURCES)):
+            raise ValueError(f"--calib-sources: give some of {list(CALIB_SOURCES)}, got {self.calib_sources!r}")
         unknown = set(self.mix) - set(MIX)
         if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
             raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")
@@ -199,7 +203,10 @@ def smooth(target, mask, eps: float):
 
 def calib_file(cfg: FinetuneConfig, corpus: dict[str, list[dict]], path: Path) -> Path:
     """The build's calib split plus `intents_calib` CLINC/Snips calib decisions (train labels, hard labels),
-    drawn with the seed `pagoda laya-mini build` uses for them, plus the hand-written calibration tickets."""
+    drawn with the seed `pagoda laya-mini build` uses for them, plus the hand-written calibration tickets;
+    `calib_sources` keeps only some. Why keep only natural text (intents, handwritten): the synthetic split is
+    most of the file and the head answers it ~97% right, so a fit on it sharpens the temperatures that then
+    serve natural text, where the head is wrong far more often (docs/laya-mini.md, Dec 5)."""
     from laya.corpus import handwritten
     from laya.training.mini import MiniSpec, intent_examples
 
@@ -207,6 +214,8 @@ def calib_file(cfg: FinetuneConfig, corpus: dict[str, list[dict]], path: Path) -
     exs = corpus["calib"] + (intent_examples(spec, "calib", cfg.intents_calib, 1000 * cfg.seed + 71)
                              if cfg.intents_calib else [])
     exs += handwritten.calib_examples() if cfg.calib_tickets else []
+    if cfg.calib_sources is not None:
+        exs = [ex for ex in exs if ex.get("source") in cfg.calib_sources]
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(ex, ensure_ascii=False) + "\n" for ex in exs)
     return path

@@ -57,6 +57,19 @@ def test_corpus_layers_zero_leaves_the_encoder_to_intent_batches(laya_tiny_bert,
     assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3
 
 
+def test_calib_sources_keep_only_those_rows_in_the_temperature_fit(laya_tiny_bert, data, tmp_path):  # noqa: F811
+    from laya.corpus import handwritten
+
+    out = tmp_path / "ft"
+    cfg = FinetuneConfig(init=laya_tiny_bert, out=str(out), data=str(data), steps=0, mix={"tickets": 1.0},
+                         corpus=TINY_CORPUS, intents_calib=20, threads=1, calib_sources=["intents", "handwritten"])
+    finetune(cfg, progress=False)
+    rows = [json.loads(line) for line in (out / "calib.jsonl").read_text().splitlines()]
+    by_source = {s: sum(r["source"] == s for r in rows) for s in {r["source"] for r in rows}}
+    n_tickets = len(handwritten.read_tickets(handwritten.default_tickets(handwritten.CALIB_FILE)))
+    assert by_source == {"intents": 20, "handwritten": n_tickets}
+
+
 def test_smoothing_spreads_eps_over_a_rows_own_options_only():
     target = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
     mask = torch.tensor([[True, True, True, True], [True, True, False, False]])   # row 2: two options, padded
@@ -92,6 +105,8 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--init", "INIT", "--out", "OUT", "--corpus-layers", "-1"], "--corpus-layers"),
     (["--init", "INIT", "--out", "OUT", "--corpus-layers", "two"], "--corpus-layers"),
     (["--init", "INIT", "--out", "OUT", "--label-smoothing", "1"], "--label-smoothing"),
+    (["--init", "INIT", "--out", "OUT", "--calib-sources", "intents,synthetic"], "--calib-sources"),
+    (["--init", "INIT", "--out", "OUT", "--calib-sources", ""], "--calib-sources"),
     (["--init", "INIT", "--out", "OUT", "--label-smoothing", "lots"], "--label-smoothing"),
     (["--init", "INIT", "--out", "OUT", "--kl-weight", "-1"], "--kl-weight"),
 ])
