@@ -264,7 +264,8 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--kl-weight", default="1.0", metavar="W",
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
     f.add_argument("--no-calib-tickets", action="store_true",
-                   help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl")
+                   help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl (the default "
+                        "--calib-sources less handwritten)")
     f.add_argument("--calib-sources", default=None, metavar="SOURCE,...",
                    help="fit the temperatures on these sources' calib rows only, of tickets, reviews, dialogs "
                         "(the synthetic split), intents, handwritten (default: all)")
@@ -342,6 +343,15 @@ def _mix_flag(value: str | None) -> dict[str, float] | None:
     return mix
 
 
+def _calib_sources_flag(value: str | None, no_calib_tickets: bool) -> list[str] | None:
+    from laya.training.finetune import CALIB_SOURCES
+
+    sources = [x.strip() for x in value.split(",")] if value is not None else None
+    if no_calib_tickets:
+        sources = [x for x in (sources or CALIB_SOURCES) if x != "handwritten"]
+    return sources
+
+
 def _mini_finetune(args: argparse.Namespace) -> int:
     from laya.training.finetune import MIX, FinetuneConfig, finetune
 
@@ -349,13 +359,12 @@ def _mini_finetune(args: argparse.Namespace) -> int:
         cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
                              steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
-                             mix=_mix_flag(args.mix) or dict(MIX), calib_tickets=not args.no_calib_tickets,
+                             mix=_mix_flag(args.mix) or dict(MIX),
                              precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
                              kl_weight=_float_flag("--kl-weight", args.kl_weight),
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
                              label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
-                             calib_sources=[x.strip() for x in args.calib_sources.split(",")]
-                             if args.calib_sources is not None else None)
+                             calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets))
         summary = finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)

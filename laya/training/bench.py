@@ -64,9 +64,10 @@ def _time_scratch(train_file: Path, out: Path, steps: int, warmup: int, precisio
 
 
 def _time_finetune(init: str, out: Path, steps: int, warmup: int, precision: str, threads: int, data: str) -> dict:
-    from laya.training.finetune import FinetuneConfig, finetune
+    from laya.training.finetune import CALIB_SOURCES, FinetuneConfig, finetune
 
-    common = dict(init=init, data=data, threads=threads, precision=precision, intents_calib=0, calib_tickets=False)
+    common = dict(init=init, data=data, threads=threads, precision=precision, intents_calib=0,
+                  calib_sources=[s for s in CALIB_SOURCES if s != "handwritten"])
     finetune(FinetuneConfig(out=str(out / "warm"), steps=warmup, **common), progress=False)
     summary = finetune(FinetuneConfig(out=str(out / "timed"), steps=steps, **common), progress=False)
     return {"seconds": summary["times_s"]["train"], "final_loss": summary["final_loss"]}

@@ -68,8 +68,8 @@ class FinetuneConfig:
     head_max_len: int = 128
     corpus: dict[str, int] = field(default_factory=_default_corpus)
     intents_calib: int = 300
-    calib_tickets: bool = True       # the temperatures also fit datasets/handwritten_tickets_calib.jsonl
-    calib_sources: list[str] | None = None   # fit on these sources' calib rows only (None: all of CALIB_SOURCES)
+    calib_sources: list[str] | None = None   # fit on these sources' calib rows only (None: all of CALIB_SOURCES;
+                                             # "handwritten": datasets/handwritten_tickets_calib.jsonl)
     seed: int = 0
     threads: int | None = None
     precision: str = "fp32"          # or "bf16": autocast forward (laya.training.trainer.check_precision)
@@ -213,9 +213,9 @@ def calib_file(cfg: FinetuneConfig, corpus: dict[str, list[dict]], path: Path) -
     spec = MiniSpec(seed=cfg.seed, data=cfg.data, corpus=cfg.corpus, intents_calib=cfg.intents_calib)
     exs = corpus["calib"] + (intent_examples(spec, "calib", cfg.intents_calib, 1000 * cfg.seed + 71)
                              if cfg.intents_calib else [])
-    exs += handwritten.calib_examples() if cfg.calib_tickets else []
-    if cfg.calib_sources is not None:
-        exs = [ex for ex in exs if ex.get("source") in cfg.calib_sources]
+    keep = set(cfg.calib_sources or CALIB_SOURCES)
+    exs += handwritten.calib_examples() if "handwritten" in keep else []   # unread when left out (no datasets/)
+    exs = [ex for ex in exs if ex.get("source") in keep]
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(ex, ensure_ascii=False) + "\n" for ex in exs)
     return path

@@ -70,6 +70,15 @@ def test_calib_sources_keep_only_those_rows_in_the_temperature_fit(laya_tiny_ber
     assert by_source == {"intents": 20, "handwritten": n_tickets}
 
 
+def test_no_calib_tickets_is_calib_sources_less_handwritten():
+    from laya.cli import _calib_sources_flag
+
+    assert _calib_sources_flag(None, False) is None
+    assert _calib_sources_flag(None, True) == ["tickets", "reviews", "dialogs", "intents"]
+    assert _calib_sources_flag("intents, handwritten", True) == ["intents"]
+    assert _calib_sources_flag("intents,handwritten", False) == ["intents", "handwritten"]
+
+
 def test_smoothing_spreads_eps_over_a_rows_own_options_only():
     target = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
     mask = torch.tensor([[True, True, True, True], [True, True, False, False]])   # row 2: two options, padded
@@ -165,6 +174,6 @@ def test_zero_steps_refit_only_the_temperatures_and_the_head_digest_follows_them
     assert manifest["head_sha256"] != shipped["head_sha256"]
     assert mini.is_built(init) and not mini.is_built(init, head)
 
-    cfg.calib_tickets, cfg.out, cfg.head_dir = False, str(tmp_path / "ft2"), ""
+    cfg.calib_sources, cfg.out, cfg.head_dir = ["tickets", "reviews"], str(tmp_path / "ft2"), ""
     finetune(cfg, progress=False)
     assert not any(handwritten.SOURCE in line for line in (tmp_path / "ft2" / "calib.jsonl").read_text().splitlines())
