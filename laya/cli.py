@@ -248,7 +248,10 @@ def _register_mini(commands: Any) -> None:
     f.add_argument("--threads", default=None, help="torch threads (default: torch's)")
     f.add_argument("--precision", default="fp32",
                    help="fp32 (default) or bf16: train under bf16 autocast (a CPU with AMX or AVX512-BF16)")
-    f.add_argument("--seed", default="0", help="seed of the corpus, the intent draws and the batches (default 0)")
+    f.add_argument("--seed", default=None, help="seed of the corpus, the intent draws and the batches (default 0)")
+    f.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="instead of --seed: one run per seed into OUT/members/seed-S, their weights averaged into "
+                        "OUT (a model soup) and the temperatures fitted on their calib rows pooled")
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
                         "default)")
@@ -354,10 +357,14 @@ def _calib_sources_flag(value: str | None, no_calib_tickets: bool) -> list[str] 
 
 def _mini_finetune(args: argparse.Namespace) -> int:
     from laya.training.finetune import MIX, FinetuneConfig, finetune
+    from laya.training.soup import soup
 
     try:
+        if args.seed is not None and args.seeds is not None:
+            raise ValueError("--seeds: give it or --seed, not both")
+        seeds = None if args.seeds is None else [_int_flag("--seeds", x.strip()) for x in args.seeds.split(",")]
         cfg = FinetuneConfig(init=args.init or "", out=args.out or "", data=args.data,
-                             steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed),
+                             steps=_int_flag("--steps", args.steps), seed=_int_flag("--seed", args.seed or "0"),
                              threads=_int_flag("--threads", args.threads), head_dir=args.head_dir,
                              mix=_mix_flag(args.mix) or dict(MIX),
                              precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
@@ -365,12 +372,14 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
                              label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
                              calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets))
-        summary = finetune(cfg)
+        summary = soup(cfg, seeds) if seeds is not None else finetune(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)
         return 2
     t = summary["times_s"]
     what = f"fine-tuned {summary['steps']} steps" if summary["steps"] else "temperatures refitted (0 steps)"
+    if seeds is not None:
+        what += f" per seed {seeds}, averaged"
     print(f"laya-mini {what} ({summary['threads']} threads) in {t['train']:.0f}s "
           f"(total {t['total']:.0f}s), calib ECE15 {summary['calib']['ece15_before']:.3f} -> "
           f"{summary['calib']['ece15_after']:.3f} -> {cfg.out}")

@@ -385,10 +385,10 @@ def changed_layer_prefixes(staged: Path) -> list[str]:
 
 
 def publish(cfg: FinetuneConfig, out: Path, corpus: dict[str, list[dict]], fit, calib_eval: dict,
-            summary: dict) -> None:
+            summary: dict, recipe: dict | None = None, how: str = "pagoda laya-mini finetune") -> None:
     """Write the committed head from the fine-tuned checkpoint: shards, manifest (config with the fitted
-    temperatures, the probe answer `make model` re-checks, this recipe) and metrics on the build's test split,
-    as `build_from_scratch` does for its head."""
+    temperatures, the probe answer `make model` re-checks, the recipe: `cfg`'s unless given) and metrics on the
+    build's test split, as `build_from_scratch` does for its head."""
     import laya
     from laya.training import calibrate as cal
     from laya.training.examples import items_from_example
@@ -401,7 +401,6 @@ def publish(cfg: FinetuneConfig, out: Path, corpus: dict[str, list[dict]], fit, 
     write_head(out, head_dir, json.loads((out / "rl_agent_config.json").read_text()),
                {"state": state, "questions": questions, "answers": probe(out, state, questions)["answers"]},
                changed_layer_prefixes(out),
-               {"how": "pagoda laya-mini finetune", "recipe": {**asdict(cfg), "head_dir": str(head_dir)},
-                "summary": summary})
+               {"how": how, "recipe": recipe or {**asdict(cfg), "head_dir": str(head_dir)}, "summary": summary})
     (head_dir / "metrics.json").write_text(json.dumps({"times_s": summary["times_s"], "calib": calib_eval,
                                                        "test": test_eval}, indent=2) + "\n")
