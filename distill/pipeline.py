@@ -69,6 +69,19 @@ def resolve_teacher(teacher: str) -> Path:
     return path
 
 
+def teacher_fingerprint(path: Path) -> str:
+    """Its folder plus a digest of its config and weights: a teacher rebuilt in place (`make model` after a new
+    head, temperatures refitted) must not have its old labels resumed as if they were its own."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("rl_agent_config.json", "model.safetensors"):
+        if (path / name).is_file():
+            with open(path / name, "rb") as f:
+                h.update(hashlib.file_digest(f, "sha256").digest())
+    return f"{path.resolve()}@{h.hexdigest()[:16]}"
+
+
 class Run:
     """One distillation run: the task, its data, the output folder and the teacher (loaded on first use)."""
 
@@ -122,7 +135,7 @@ class Run:
         corpus = L.load_corpus(self.data, self.task)
         n_new = L.label(self.task, self.agent if L.missing_chunks(self.layout.labels, len(corpus),
                                                                  self.task.labels.chunk_rows) else None,
-                        corpus, self.layout.labels, shard=shard, teacher_id=str(self.teacher_dir.resolve()),
+                        corpus, self.layout.labels, shard=shard, teacher_id=teacher_fingerprint(self.teacher_dir),
                         progress=self.progress)
         missing = L.missing_chunks(self.layout.labels, len(corpus), self.task.labels.chunk_rows)
         print(f"labels: {n_new} rows labelled now, {len(missing)} chunks missing")

@@ -163,6 +163,30 @@ def test_labels_from_another_task_are_not_mixed_in(student_dir, distill_inputs, 
                 progress=False)
 
 
+def test_labels_of_a_teacher_rebuilt_in_place_are_not_resumed(student_dir, distill_inputs, tmp_path):
+    """The labels record the teacher's folder and a digest of its config and weights: a teacher rebuilt at the
+    same path (a new laya-mini head, refitted temperatures) makes resuming fail by name instead of mixing."""
+    from distill.pipeline import teacher_fingerprint
+
+    recorded = json.loads((student_dir / "labels" / "meta.json").read_text())["teacher"]
+    assert recorded == teacher_fingerprint(Path(distill_inputs["teacher"]))
+    teacher, labels = tmp_path / "teacher", tmp_path / "labels"
+    shutil.copytree(distill_inputs["teacher"], teacher)
+    shutil.copytree(student_dir / "labels", labels)
+    before = teacher_fingerprint(teacher)
+    meta = json.loads((labels / "meta.json").read_text())
+    (labels / "meta.json").write_text(json.dumps({**meta, "teacher": before}))
+    task = parse_task(TASK)
+    corpus = L.load_corpus(distill_inputs["data"], task)
+    assert L.label(task, None, corpus, labels, teacher_id=before, progress=False) == 0      # the same teacher resumes
+    config = json.loads((teacher / "rl_agent_config.json").read_text())
+    config["temperature"] = [t * 1.5 for t in config["temperature"]]
+    (teacher / "rl_agent_config.json").write_text(json.dumps(config))
+    assert teacher_fingerprint(teacher) != before
+    with pytest.raises(ValueError, match=r"existing labels were made with different \['teacher'\]"):
+        L.label(task, None, corpus, labels, teacher_id=teacher_fingerprint(teacher), progress=False)
+
+
 def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_answer(student_dir, distill_inputs):
     """`--eval-data handwritten=...`: the report's agreement on those rows is the argmax agreement of what the
     shipped runtime and the teacher answer on them, per question and student variant."""
