@@ -141,7 +141,7 @@ def test_head_dir_publishes_a_head_that_assembles_to_the_fine_tuned_answers(data
     finetune(cfg, progress=False)
     manifest = json.loads((head / "manifest.json").read_text())
     shipped = json.loads((mini.HEAD_DIR / "manifest.json").read_text())
-    assert manifest["trained_encoder_prefixes"] == shipped["trained_encoder_prefixes"]   # top 3 of those 5 trained
+    assert manifest["trained_encoder_prefixes"] == shipped["trained_encoder_prefixes"]   # the init head's trained layers (all 6 since round 5)
     assert manifest["build"]["recipe"]["steps"] == 1 and json.loads((head / "metrics.json").read_text())["test"]
     assembled = mini.assemble(tmp_path / "assembled", head)          # verifies the probe within 0.002
     state, questions = scenario()
