@@ -24,8 +24,6 @@ from typing import Any
 
 from laya.training.finetune import FinetuneConfig
 
-MEMBER_FILES = ("model.safetensors", "rl_agent_config.json", "encoder", "tokenizer")   # a checkpoint, no extras
-
 
 def member_config(cfg: FinetuneConfig, seed: int) -> FinetuneConfig:
     """The run a soup trains for `seed`: the recipe as given, its own folder under `out`, no head of its own."""
@@ -57,7 +55,7 @@ def average_weights(members: list[Path], out: Path) -> None:
         mean[k] = (torch.stack([s[k].double() for s in states]).mean(0).to(v.dtype) if v.is_floating_point()
                    else v).contiguous()
     out.mkdir(parents=True, exist_ok=True)
-    for name in MEMBER_FILES[2:]:
+    for name in ("encoder", "tokenizer"):
         shutil.copytree(members[0] / name, out / name, dirs_exist_ok=True)
     save_file(mean, str(out / "model.safetensors"))
     shutil.copy(members[0] / "rl_agent_config.json", out / "rl_agent_config.json")
