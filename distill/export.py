@@ -76,6 +76,9 @@ def _per_token_linears(model) -> None:
     zero point 128: onnxruntime's u8*u8 kernel accumulates exactly on every x86 CPU, where u8*s8
     saturates 16-bit pair sums on AVX2 without VNNI (measured: worse agreement). The zero point of x is
     taken out afterwards as `step * zp * scale * colsum(q)`: the op's own `a_zero_point` is per tensor.
+    The rounding itself is one `QuantizeLinear` over a [tokens, features] view with a per-row scale and
+    zero point: the same bits as dividing, rounding, shifting, clipping and casting op by op (a test checks
+    it against that chain) in one pass: the graph 5% faster, a `Student` call 2.5% (measured, docs/distill.md).
     """
     from onnx import TensorProto, helper, numpy_helper
 
@@ -86,9 +89,10 @@ def _per_token_linears(model) -> None:
         g.initializer.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    zero, top, inv, tiny = (const("q8.zero", np.float32(0)), const("q8.top", np.float32(255)),
-                            const("q8.inv255", np.float32(1 / 255)), const("q8.tiny", np.float32(1e-30)))
+    zero, inv, tiny = (const("q8.zero", np.float32(0)), const("q8.inv255", np.float32(1 / 255)),
+                       const("q8.tiny", np.float32(1e-30)))
     one, w_zero = const("q8.one", np.float32(1)), const("q8.w_zero", np.uint8(128))
+    column = const("q8.column", np.array([-1], np.int64))
     nodes, quantized = [], {}
     for node in g.node:
         w_name = node.input[1] if node.op_type == "MatMul" else None
@@ -96,22 +100,25 @@ def _per_token_linears(model) -> None:
             nodes.append(node)
             continue
         x = node.input[0]
+        w = numpy_helper.to_array(weights[w_name]).astype(np.float32)          # [in, out]
         if x not in quantized:   # q, k and v share one quantised input
             p = f"q8.x{len(quantized)}"
+            rows = const(p + ".rows", np.array([-1, w.shape[0]], np.int64))
             steps = [("ReduceMax", [x], "hi0", {"axes": [-1], "keepdims": 1}),
                      ("ReduceMin", [x], "lo0", {"axes": [-1], "keepdims": 1}),
                      ("Max", [p + ".hi0", zero], "hi", {}), ("Min", [p + ".lo0", zero], "lo", {}),
                      ("Sub", [p + ".hi", p + ".lo"], "range", {}), ("Mul", [p + ".range", inv], "step0", {}),
                      ("Max", [p + ".step0", tiny], "step", {}), ("Div", [p + ".lo", p + ".step"], "lo_steps", {}),
                      ("Neg", [p + ".lo_steps"], "zp0", {}), ("Round", [p + ".zp0"], "zp", {}),
-                     ("Div", [x, p + ".step"], "xs", {}), ("Round", [p + ".xs"], "xr", {}),
-                     ("Add", [p + ".xr", p + ".zp"], "xz", {}), ("Clip", [p + ".xz", zero, top], "xc", {}),
-                     ("Cast", [p + ".xc"], "u8", {"to": TensorProto.UINT8}),
+                     ("Cast", [p + ".zp"], "zp8", {"to": TensorProto.UINT8}),
+                     ("Reshape", [x, rows], "x2", {}), ("Reshape", [p + ".step", column], "step1", {}),
+                     ("Reshape", [p + ".zp8", column], "zp1", {}),
+                     ("QuantizeLinear", [p + ".x2", p + ".step1", p + ".zp1"], "u8_2", {"axis": 0}),
+                     ("Shape", [x], "shape", {}), ("Reshape", [p + ".u8_2", p + ".shape"], "u8", {}),
                      ("Mul", [p + ".zp", p + ".step"], "zp_step", {})]
             nodes += [helper.make_node(op, ins, [f"{p}.{out}"], name=f"{p}.{out}", **attrs) for op, ins, out, attrs in steps]
             quantized[x] = (p + ".u8", p + ".step", p + ".zp_step")
         u8, step, zp_step = quantized[x]
-        w = numpy_helper.to_array(weights[w_name]).astype(np.float32)          # [in, out]
         scale = np.abs(w).max(axis=0) / 127
         scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
         q = np.clip(np.rint(w / scale), -127, 127)

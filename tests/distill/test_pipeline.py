@@ -399,3 +399,40 @@ def test_onnx_encoder_student_over_http(mini_student, tmp_path):
         assert r.status_code == 422 and r.json()["error"]["field"] == "max_len"
     finally:
         assert server.stop() == 0
+
+
+def test_per_token_rounding_is_the_op_by_op_chain_bit_for_bit():
+    """The per-token graph rounds through one `QuantizeLinear` over a [tokens, features] view; its uint8 codes
+    must be the divide, round (half to even), shift, clip and cast chain computed in float32, token by token,
+    including rows that are all positive, all negative, all zero or carry an outlier."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from distill import export
+
+    rng = np.random.default_rng(0)
+    d, n = 24, 8
+    w = rng.normal(size=(d, n)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", n])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    export._per_token_linears(model)
+    model.graph.output.append(helper.make_tensor_value_info("q8.x0.u8", TensorProto.UINT8, ["b", "t", d]))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.normal(size=(3, 5, d)).astype(np.float32)
+    x[0, 0] = np.abs(x[0, 0])
+    x[0, 1] = -np.abs(x[0, 1])
+    x[0, 2] = 0
+    x[1, 3, 7] = 300.0
+    x[2] = np.round(x[2] * 4) / 4            # values on exact halves of some steps
+    y, codes = sess.run(None, {"x": x})
+    hi = np.maximum(x.max(-1, keepdims=True), np.float32(0))
+    lo = np.minimum(x.min(-1, keepdims=True), np.float32(0))
+    step = np.maximum((hi - lo) * np.float32(1 / 255), np.float32(1e-30))
+    zp = np.rint(-(lo / step))
+    expected = np.clip(np.rint(x / step) + zp, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(codes, expected)
+    assert y.shape == (3, 5, n)
+    np.testing.assert_allclose(y, x @ w, atol=0.05 * np.abs(x).max(-1, keepdims=True).max())
