@@ -32,7 +32,8 @@ class Cosine:
         import torch
         from tqdm import tqdm
 
-        todo = sorted({t for t in texts if t not in self.cache}, key=len)   # similar lengths: little padding
+        # Similar lengths: little padding. Ties by the text itself, not by set order (a process's string hashing).
+        todo = sorted({t for t in texts if t not in self.cache}, key=lambda t: (len(t), t))
         with torch.inference_mode():
             for s in tqdm(range(0, len(todo), self.batch_size), desc="embed", unit="batch", disable=not progress):
                 chunk = todo[s:s + self.batch_size]

@@ -106,6 +106,30 @@ def test_cosine_baseline_picks_the_matching_label():
     assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
 
 
+_EMBED_IN_A_FRESH_PROCESS = """
+import hashlib, sys
+from laya.training.similarity import Cosine
+words = ["ok", "refund", "antidisestablishment", "xylophone", "is", "a", "tea", "go"]
+texts = [" ".join(words[(i * 3 + j) % 8] for j in range(1 + i % 5)).ljust(32, ".")[:32] for i in range(40)]
+e = Cosine(batch_size=4).embed(texts)
+sys.stdout.write(hashlib.sha256(e.tobytes()).hexdigest())
+"""
+
+
+def test_cosine_embeddings_do_not_depend_on_the_process_hash_seed():
+    """Texts are embedded in batches sorted by length; ties must not fall in set order, which Python's string
+    hashing changes per process: a text's batch mates set its padding, and with them its last bits, and the
+    fine-tune's teacher targets (and so its weights) followed from run to run."""
+    import os
+    import subprocess
+    import sys
+
+    digests = {subprocess.run([sys.executable, "-c", _EMBED_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2", "3")}
+    assert len(digests) == 1, digests
+
+
 def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
     from serving.cli import main
 
