@@ -114,7 +114,7 @@ $(REFVENV)/bin/python:
 # CLINC150/Snips utterances read from SHARED_DATA (never copied), and hand-written texts (the student texts of
 # datasets/handwritten_tickets_student.jsonl and the texts of the calibration tickets, never the evaluation tickets)
 # as written plus STUDENT_VARIANTS perturbed copies each, so the student sees text the ticket generator does not
-# write; a 3-layer student started from laya-mini's own encoder layers learns department/urgency/churn, exported to
+# write; a 3-layer student started from laya-mini's own encoder layers 0, 2 and 5 learns department/urgency/churn, exported to
 # ONNX (int8) with a report that also measures agreement with the teacher on the hand-written evaluation tickets
 # (0.946 / 0.824 / 0.973 int8 on the round-5 teacher; 0.959 / 0.865 / 0.959 on round 4).
 # About 26 minutes on 2 idle CPU cores, 7 of them labelling. Rerunning resumes; another corpus needs a fresh output folder (the labels say so).

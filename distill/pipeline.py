@@ -104,7 +104,7 @@ class Run:
         if task.student.kind == "encoder" and task.student.init == "teacher":
             from distill.modeling_student import check_teacher_init
 
-            check_teacher_init(self.teacher_dir, task.student.layers)
+            check_teacher_init(self.teacher_dir, max(task.student.init_layers or [task.student.layers - 1]) + 1)
         self._agent = None
 
     @property

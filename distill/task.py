@@ -45,6 +45,9 @@ class StudentConfig:
     # "minilm": the installed all-MiniLM-L6-v2; "teacher": the teacher's own encoder, fine-tuned from it
     # (a BERT-layout Laya checkpoint with MiniLM's geometry, as laya-mini is)
     init: str = "minilm"
+    # which of the source's layers start the student's, in order; empty: the first `layers`. Spread picks
+    # ([0, 2, 5]) keep the layer that reads the embeddings and the one the teacher's head reads (docs/distill.md)
+    init_layers: list[int] = field(default_factory=list)
     max_len: int = 128          # state tokens the student reads
     epochs: int = 3
     batch_size: int = 32
@@ -161,6 +164,11 @@ def _check_ranges(t: Task) -> None:
     need(s.kind in KINDS, "student.kind", f"must be one of {list(KINDS)}, got {s.kind!r}")
     need(s.init in INITS, "student.init", f"must be one of {list(INITS)}, got {s.init!r}")
     need(1 <= s.layers <= 6, "student.layers", "must be between 1 and 6 (all-MiniLM-L6-v2 has 6)")
+    need(not s.init_layers or (len(s.init_layers) == s.layers and all(type(i) is int for i in s.init_layers)
+                               and list(s.init_layers) == sorted(set(s.init_layers))
+                               and 0 <= s.init_layers[0] and s.init_layers[-1] <= 5),
+         "student.init_layers", f"must list student.layers ({s.layers}) distinct increasing layer numbers "
+         f"in 0..5, got {s.init_layers!r}")
     need(8 <= s.max_len <= 512, "student.max_len", "must be between 8 and 512")
     need(s.epochs >= 1, "student.epochs", "must be >= 1")
     need(s.batch_size >= 1, "student.batch_size", "must be >= 1")

@@ -65,7 +65,7 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
     heads = task.heads()
     scores = {name for name, q in task.parsed.items() if q.type == "score"}
     model = from_minilm(s.layers, [h["size"] for h in heads], seed=s.seed,
-                        teacher=teacher if s.init == "teacher" else None)
+                        teacher=teacher if s.init == "teacher" else None, pick=s.init_layers)
     if s.freeze_embeddings:  # the vocabulary table is most of the weights and gains little from a few thousand rows
         model.word.weight.requires_grad_(False)
     head_params = list(model.heads.parameters())

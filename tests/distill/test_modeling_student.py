@@ -41,6 +41,25 @@ def test_teacher_init_copies_the_teacher_s_encoder_and_default_init_copies_minil
         from_minilm(5, [5, 3, 2], teacher=minilm_shaped_teacher)
 
 
+def test_init_layers_start_the_student_from_the_named_layers_in_order(minilm_shaped_teacher):
+    """`student.init_layers: [0, 1, 3]` copies the teacher's layers 0, 1 and 3 into the student's 0, 1 and 2;
+    the embeddings and heads start as with the first layers, and a pick past the teacher's depth is refused."""
+    teacher = load_file(str(minilm_shaped_teacher / "model.safetensors"))
+    picked = from_minilm(3, [5, 3, 2], teacher=minilm_shaped_teacher, pick=[0, 1, 3])
+    first = from_minilm(3, [5, 3, 2], teacher=minilm_shaped_teacher)
+    for i, j in enumerate([0, 1, 3]):
+        for ours, theirs in (("up", "intermediate.dense"), ("query", "attention.self.query")):
+            assert torch.equal(getattr(picked.layers[i], ours).weight,
+                               teacher[f"encoder.encoder.layer.{j}.{theirs}.weight"])
+    assert not torch.equal(picked.layers[2].up.weight, first.layers[2].up.weight)
+    assert torch.equal(picked.word.weight, first.word.weight)
+    assert all(torch.equal(a.weight, b.weight) for a, b in zip(picked.heads, first.heads))
+    with pytest.raises(ValueError, match="student.layers: 6 asked, the teacher's encoder has 4"):
+        from_minilm(3, [5, 3, 2], teacher=minilm_shaped_teacher, pick=[0, 2, 5])
+    with pytest.raises(ValueError, match="student.init_layers"):
+        from_minilm(3, [5, 3, 2], pick=[0, 2])
+
+
 @pytest.mark.parametrize("arch,needle", [("bert", "hidden_size 64 (MiniLM: 384)"),
                                          ("modernbert", "model_type 'modernbert' (MiniLM: 'bert')")])
 def test_teacher_init_refuses_an_encoder_of_another_shape(laya_checkpoint, arch, needle):

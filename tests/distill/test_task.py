@@ -53,6 +53,17 @@ def test_errors_name_the_field(path, value, needle):
         parse_task(_with(path, value))
 
 
+@pytest.mark.parametrize("picks", [[0, 2], [0, 5, 2], [0, 2, 2], [0, 2, 6], [-1, 2, 5], [0, 2, "5"], [0, 2, True],
+                                   "0,2,5"])
+def test_init_layers_must_name_as_many_increasing_layers_as_the_student_has(picks):
+    raw = _with("student.layers", 3)
+    raw["student"]["init_layers"] = picks
+    with pytest.raises(ValueError, match=r"task\.student\.init_layers"):
+        parse_task(raw)
+    raw["student"]["init_layers"] = [0, 2, 5]
+    assert parse_task(raw).student.init_layers == [0, 2, 5]
+
+
 def test_unknown_top_level_field_and_missing_questions():
     with pytest.raises(ValueError, match="task.teachr: unknown field"):
         parse_task({**TASK, "teachr": "x"})
