@@ -182,7 +182,7 @@ def ece(confidence: np.ndarray, outcome: np.ndarray, bins: int = 15) -> float:
     return float((count * np.abs(out - conf)).sum() / count.sum())
 
 
-def ece_noise(confidence: np.ndarray, outcome: np.ndarray, bins: int = 15, draws: int = 2000,
+def ece_by_chance(confidence: np.ndarray, outcome: np.ndarray, bins: int = 15, draws: int = 2000,
               seed: int = 0) -> dict[str, Any]:
     """What the sample's size alone puts into an ECE measured on it, to read that ECE against.
 
@@ -197,7 +197,7 @@ def ece_noise(confidence: np.ndarray, outcome: np.ndarray, bins: int = 15, draws
     conf = np.asarray(confidence, dtype=np.float64)
     out = np.asarray(outcome, dtype=np.float64)
     if conf.ndim != 1 or conf.shape != out.shape or conf.size == 0:
-        raise ValueError(f"ece_noise: confidence and outcome must be equal-length 1-D arrays, got {conf.shape} "
+        raise ValueError(f"ece_by_chance: confidence and outcome must be equal-length 1-D arrays, got {conf.shape} "
                          f"and {out.shape}")
     measured = ece(conf, out, bins)
     rng = np.random.default_rng(seed)

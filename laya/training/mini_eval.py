@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from laya.answers import top_option
-from laya.calibration import ece, ece_noise
+from laya.calibration import ece, ece_by_chance
 from laya.corpus import noise
 from laya.corpus.handwritten import default_tickets, read_tickets
 from laya.corpus.intents import DEFAULT_DATA, EVAL_INSTRUCTION, heldout_choice_sets, humanise
@@ -166,7 +166,8 @@ def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[s
     clean = [a for a in ans for _ in range(EDIT_COPIES)]
     stable = {q: float(np.mean([top_option(a[q]) == top_option(e[q]) for a, e in zip(clean, edited)])) for q in questions}
     return {"n": len(tickets), "nll": nll, "self_agreement_under_edits": stable, "department": float(dhit.mean()), "department_cosine": float(base.mean()),
-            "department_ece10": ece(dconf, dhit, ECE_BINS), "department_ece10_noise": ece_noise(dconf, dhit, ECE_BINS),
+            "department_ece10": ece(dconf, dhit, ECE_BINS),
+            "department_ece10_by_chance": ece_by_chance(dconf, dhit, ECE_BINS),
             "churn": float(chit.mean()),
             "churn_ece10": ece(np.maximum(churn, 1 - churn), chit, ECE_BINS),
             "urgency_mae": float(np.abs(urg - gold_urg).mean()),
@@ -247,7 +248,7 @@ def summary(report: dict[str, Any]) -> str:
     lines += ["", f"hand-written tickets (n={t['n']}): department {t['department']:.3f} (cosine "
               f"{t['department_cosine']:.3f}), churn {t['churn']:.3f}, urgency MAE {t['urgency_mae']:.3f}, "
               f"department ECE10 {t['department_ece10']:.3f} (after calibration)",
-              _ece_context(t["department_ece10_noise"], t["n"]),
+              _ece_context(t["department_ece10_by_chance"], t["n"]),
               "  log loss of the gold answer: " + ", ".join(f"{k} {v:.3f}" for k, v in t["nll"].items()),
               f"  answer unchanged under meaning-keeping edits ({EDIT_COPIES} per ticket): "
               + ", ".join(f"{k} {v:.3f}" for k, v in t["self_agreement_under_edits"].items()),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import laya
-from laya.calibration import ece, ece_noise, fit_temperature, metrics, option_bucket, softmax
+from laya.calibration import ece, ece_by_chance, fit_temperature, metrics, option_bucket, softmax
 from laya.training.calibrate import Record, calibrate, fit_records, fit_temperatures
 
 
@@ -100,31 +100,31 @@ def test_cli(laya_tiny_bert, calib_data, tmp_path, capsys):
     assert printed["nll_after"] <= printed["nll_before"] + 1e-9
 
 
-def test_ece_noise_shows_the_upward_bias_of_a_small_sample():
+def test_ece_by_chance_shows_the_upward_bias_of_a_small_sample():
     rng = np.random.default_rng(3)
     conf = rng.uniform(0.5, 1.0, 74)
     hit = (rng.random(74) < conf).astype(float)          # calibrated by construction
-    small = ece_noise(conf, hit, 10, draws=500)
-    assert small == ece_noise(conf, hit, 10, draws=500)   # seeded
+    small = ece_by_chance(conf, hit, 10, draws=500)
+    assert small == ece_by_chance(conf, hit, 10, draws=500)   # seeded
     assert small["ece"] == ece(conf, hit, 10)
     assert small["calibrated_mean"] > 0.03                # a perfectly calibrated model, yet ECE well above 0
     lo, hi = small["bootstrap_ci95"]
     assert lo < small["calibrated_mean"] < hi
     big_conf = rng.uniform(0.5, 1.0, 20000)
-    big = ece_noise(big_conf, (rng.random(20000) < big_conf).astype(float), 10, draws=50)
+    big = ece_by_chance(big_conf, (rng.random(20000) < big_conf).astype(float), 10, draws=50)
     assert big["calibrated_mean"] < 0.01 and big["ece"] < 0.01
 
 
-def test_ece_noise_tells_real_miscalibration_from_the_sample_size():
+def test_ece_by_chance_tells_real_miscalibration_from_the_sample_size():
     conf = np.full(200, 0.95)
     hit = np.tile([1.0, 0.0], 100)                        # 95% confident, half right
-    got = ece_noise(conf, hit, 10, draws=300)
+    got = ece_by_chance(conf, hit, 10, draws=300)
     assert got["ece"] == pytest.approx(0.45)
     assert got["calibrated_share"] == 1.0 and got["calibrated_p95"] < 0.1
 
 
-def test_ece_noise_names_itself_on_mismatched_input():
-    with pytest.raises(ValueError, match="ece_noise"):
-        ece_noise(np.array([0.9, 0.8]), np.array([1.0]))
-    with pytest.raises(ValueError, match="ece_noise"):
-        ece_noise(np.array([]), np.array([]))
+def test_ece_by_chance_names_itself_on_mismatched_input():
+    with pytest.raises(ValueError, match="ece_by_chance"):
+        ece_by_chance(np.array([0.9, 0.8]), np.array([1.0]))
+    with pytest.raises(ValueError, match="ece_by_chance"):
+        ece_by_chance(np.array([]), np.array([]))

@@ -155,7 +155,7 @@ def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
         assert report["tickets"]["nll"][k] == pytest.approx(float(np.mean([-np.log(max(p, 1e-4)) for p in ps])))
     assert "log loss of the gold answer" in out
     assert "answer unchanged under meaning-keeping edits" in out
-    spread = report["tickets"]["department_ece10_noise"]   # the measured ECE read against the sample's own noise
+    spread = report["tickets"]["department_ece10_by_chance"]   # the measured ECE read against the sample's own noise
     assert spread["ece"] == report["tickets"]["department_ece10"]
     assert "a perfectly calibrated model with these 6 confidences measures" in out
     assert len(report["acceptance"]) == 4 and len(report["goals"]) == 11
