@@ -9,8 +9,10 @@ natural text the same head is wrong more often: urgency there was overconfident 
 evaluation tickets). Neither is ever laya-mini training data. `handwritten_tickets_student.jsonl` is text
 only, no gold: the student's corpus takes it, and the calibration tickets' texts without their gold
 (`python -m distill.corpus --handwritten`), labelled by the teacher, because a student distilled on
-generated tickets alone learnt the generator rather than its teacher. The three
-share no text, and the student file no near-copy of an evaluation ticket (tests check both).
+generated tickets alone learnt the generator rather than its teacher. `handwritten_tickets_blind.jsonl` is a
+second evaluation file, committed before any model answered it: the first one selected heads (rounds 2-5 of
+issue 15), so it is no longer a blind measure. The files share no text, the student file no near-copy of an
+evaluation ticket, and the blind file no near-copy of any other file's text (tests check all three).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from laya.scenarios import load as scenario
 EVAL_FILE = "handwritten_tickets.jsonl"
 CALIB_FILE = "handwritten_tickets_calib.jsonl"
 STUDENT_FILE = "handwritten_tickets_student.jsonl"
+BLIND_FILE = "handwritten_tickets_blind.jsonl"
 SOURCE = "handwritten"
 
 

@@ -10,7 +10,7 @@ from laya.scenarios import load as scenario
 from laya.training.examples import items_from_example
 
 
-@pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE])
+@pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE])
 def test_ticket_files_are_valid(name):
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 60
@@ -43,6 +43,24 @@ def test_student_texts_are_not_evaluation_or_calibration_tickets():
         for e in evaluation:
             b = words(e)
             assert len(a & b) <= 0.6 * len(a | b), (s, e)
+
+
+def test_blind_tickets_are_no_other_files_text():
+    """The blind set measures text no head, temperature or student choice has read: no text of the other three
+    files, nor a near-copy of one (more than 40% of the words shared), and ids of its own."""
+    import re
+
+    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
+    blind = handwritten.read_tickets(handwritten.default_tickets(handwritten.BLIND_FILE))
+    assert len(blind) >= 100 and all(t["id"].startswith("hb") for t in blind)
+    others = [t["text"] for name in (handwritten.EVAL_FILE, handwritten.CALIB_FILE)
+              for t in handwritten.read_tickets(handwritten.default_tickets(name))]
+    others += handwritten.read_texts(handwritten.default_tickets(handwritten.STUDENT_FILE))
+    other_words = [words(o) for o in others]
+    for t in blind:
+        a = words(t["text"])
+        for o, b in zip(others, other_words):
+            assert len(a & b) <= 0.4 * len(a | b), (t["text"], o)
 
 
 def test_bad_lines_name_the_field(tmp_path):
