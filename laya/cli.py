@@ -281,6 +281,9 @@ def _register_mini(commands: Any) -> None:
     e.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
     e.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     e.add_argument("--tickets", default=None, help="hand-written tickets JSONL (default: datasets/handwritten_tickets.jsonl)")
+    e.add_argument("--blind-tickets", default=None,
+                   help="second, blind ticket file, reported beside --tickets and pooled with it (default: "
+                        "datasets/handwritten_tickets_blind.jsonl; 'none': leave it out)")
     e.add_argument("--n", type=int, default=300, help="utterances per held-out intent set")
     e.add_argument("--out", default="runs/laya-mini-eval", help="folder for eval.json and eval.png")
     e.add_argument("--threads", type=int, default=1)
@@ -393,7 +396,8 @@ def _mini_eval(args: argparse.Namespace) -> int:
         print(f"pagoda laya-mini eval: error: --n must be a positive integer, got {args.n}", file=sys.stderr)
         return 2
     try:
-        report = mini_eval.evaluate(args.model, Path(args.data), args.tickets, args.n, args.threads)
+        report = mini_eval.evaluate(args.model, Path(args.data), args.tickets, args.n, args.threads,
+                                    Path(args.blind_tickets) if args.blind_tickets else None)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini eval: error: {exc}", file=sys.stderr)
         return 2

@@ -41,11 +41,12 @@ def default_tickets(name: str = EVAL_FILE) -> Path:
     return root / "datasets" / name
 
 
-def read_tickets(path: Path) -> list[dict[str, Any]]:
-    """`{"id", "text", "department", "department5", "urgency", "churn"}` per line."""
+def read_tickets(path: Path, flag: str = "--tickets") -> list[dict[str, Any]]:
+    """`{"id", "text", "department", "department5", "urgency", "churn"}` per line; `flag` names the option a
+    missing file came from."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--tickets: file not found: {path}")
+        raise FileNotFoundError(f"{flag}: file not found: {path}")
     out = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

@@ -136,8 +136,11 @@ def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
     tickets = tmp_path / "t.jsonl"
     tickets.write_text("".join(json.dumps({"text": f"refund my invoice {i}", "department": "billing", "urgency": 1,
                                            "churn": False}) + "\n" for i in range(6)))
+    blind = tmp_path / "b.jsonl"
+    blind.write_text("".join(json.dumps({"text": f"the app crashes on start {i}", "department": "technical",
+                                         "urgency": 2, "churn": i == 0}) + "\n" for i in range(4)))
     rc = main(["laya-mini", "eval", "--model", laya_tiny_bert, "--data", str(data), "--tickets", str(tickets),
-               "--n", "6", "--out", str(tmp_path / "out")])
+               "--blind-tickets", str(blind), "--n", "6", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert rc == 0, out
     report = json.loads((tmp_path / "out" / "eval.json").read_text())
@@ -163,6 +166,18 @@ def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
     per = report["intents"]["snips"]["by_intent"]   # every true intent of the set, counts adding up to n
     assert set(per) <= set(intents.SNIPS_HELDOUT) and sum(r["n"] for r in per.values()) == 6
     assert "trails the baseline most" in out
+    # the blind file: reported on its own and pooled with the evaluation file, its goals beside the 11
+    b, pooled = report["tickets_blind"], report["tickets_pooled"]
+    assert b["n"] == 4 and pooled["n"] == 10
+    assert pooled["department"] == pytest.approx((6 * report["tickets"]["department"] + 4 * b["department"]) / 10)
+    assert pooled["urgency_mae"] == pytest.approx((6 * report["tickets"]["urgency_mae"] + 4 * b["urgency_mae"]) / 10)
+    assert len(report["goals_blind"]) == 4 and len(report["goals_pooled"]) == 4
+    assert "blind hand-written tickets (n=4)" in out and "both ticket files pooled (n=10)" in out
+    assert "the same ticket goals on the blind set" in out
+    rc = main(["laya-mini", "eval", "--model", laya_tiny_bert, "--data", str(data), "--tickets", str(tickets),
+               "--blind-tickets", "none", "--n", "6", "--out", str(tmp_path / "out2")])
+    assert rc == 0 and "tickets_blind" not in json.loads((tmp_path / "out2" / "eval.json").read_text())
+    assert "blind" not in capsys.readouterr().out
 
 
 def test_by_intent_splits_a_set_by_its_true_intent():
@@ -180,6 +195,8 @@ def test_eval_command_rejects_a_missing_data_folder(tmp_path, capsys):
 
     rc = main(["laya-mini", "eval", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "--data" in capsys.readouterr().err
+    rc = main(["laya-mini", "eval", "--blind-tickets", str(tmp_path / "gone.jsonl"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--blind-tickets: file not found" in capsys.readouterr().err
 
 
 class _FixedCosine:
