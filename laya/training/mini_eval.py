@@ -315,9 +315,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     from laya.calibration import reliability_bins
 
-    names = [k for k in report["intents"] if not k.endswith("_raw")] + ["tickets dept"]
-    laya_v = [report["intents"][k]["laya"] for k in names[:-1]] + [report["tickets"]["department"]]
-    cos_v = [report["intents"][k]["cosine"] for k in names[:-1]] + [report["tickets"]["department_cosine"]]
+    intents = [k for k in report["intents"] if not k.endswith("_raw")]
+    ticket_sets = [("tickets dept", "tickets")] + ([("blind dept", "tickets_blind")] if "tickets_blind" in report else [])
+    names = intents + [name for name, _ in ticket_sets]
+    laya_v = [report["intents"][k]["laya"] for k in intents] + [report[key]["department"] for _, key in ticket_sets]
+    cos_v = [report["intents"][k]["cosine"] for k in intents] + [report[key]["department_cosine"]
+                                                                 for _, key in ticket_sets]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
     x = np.arange(len(names))
     ax.bar(x - 0.2, laya_v, 0.4, label="laya-mini")
@@ -330,17 +333,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("accuracy (5-way; tickets 3-way)")
     ax.set_title("held-out labels and hand-written tickets")
     ax.legend(loc="lower left", fontsize=8)
-    t = report["tickets"]
-    conf, hit = np.array(t["_department_conf"]), np.array(t["_department_hit"])
-    bx, by, _ = reliability_bins(conf, hit, ECE_BINS)
     ax2.plot([0, 1], [0, 1], ":", color="grey")
-    ax2.plot(bx, by, "o-", label=f"department (ECE10 {t['department_ece10']:.3f})")
+    for key, label in (("tickets", "evaluation file"), ("tickets_pooled", "both files pooled")):
+        if key in report:
+            t = report[key]
+            bx, by, _ = reliability_bins(np.array(t["_department_conf"]), np.array(t["_department_hit"]), ECE_BINS)
+            ax2.plot(bx, by, "o-", label=f"{label}, n={t['n']} (ECE10 {t['department_ece10']:.3f})")
     ax2.set_xlim(0, 1)
     ax2.set_ylim(0, 1)
     ax2.set_xlabel("confidence (top probability)")
     ax2.set_ylabel("accuracy")
-    ax2.set_title(f"tickets, after calibration (n={t['n']})")
-    ax2.legend(loc="upper left", fontsize=8)
+    ax2.set_title("ticket department, after calibration")
+    ax2.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
