@@ -13,6 +13,8 @@ generated tickets alone learnt the generator rather than its teacher. `handwritt
 second evaluation file, committed before any model answered it: the first one selected heads (rounds 2-5 of
 issue 15), so it is no longer a blind measure. The files share no text, the student file no near-copy of an
 evaluation ticket, and the blind file no near-copy of any other file's text (tests check all three).
+`handwritten_tickets_train.jsonl` and `handwritten_tickets_dev.jsonl` (Dec 5) are natural tickets with gold for
+fine-tuning (`pagoda laya-mini finetune --mix ...,handwritten=W`) and for judging such runs without the blind file.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ EVAL_FILE = "handwritten_tickets.jsonl"
 CALIB_FILE = "handwritten_tickets_calib.jsonl"
 STUDENT_FILE = "handwritten_tickets_student.jsonl"
 BLIND_FILE = "handwritten_tickets_blind.jsonl"
+TRAIN_FILE = "handwritten_tickets_train.jsonl"
+DEV_FILE = "handwritten_tickets_dev.jsonl"
 SOURCE = "handwritten"
 
 

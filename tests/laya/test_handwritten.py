@@ -10,7 +10,8 @@ from laya.scenarios import load as scenario
 from laya.training.examples import items_from_example
 
 
-@pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE])
+@pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE,
+                                  handwritten.TRAIN_FILE, handwritten.DEV_FILE])
 def test_ticket_files_are_valid(name):
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 60
@@ -45,19 +46,24 @@ def test_student_texts_are_not_evaluation_or_calibration_tickets():
             assert len(a & b) <= 0.6 * len(a | b), (s, e)
 
 
-def test_blind_tickets_are_no_other_files_text():
-    """The blind set measures text no head, temperature or student choice has read: no text of the other three
-    files, nor a near-copy of one (more than 40% of the words shared), and ids of its own."""
+@pytest.mark.parametrize("name, prefix", [(handwritten.BLIND_FILE, "hb"), (handwritten.TRAIN_FILE, "ht"),
+                                          (handwritten.DEV_FILE, "hd")])
+def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
+    """The blind, training and dev files were each checked against every file written before them: no text of
+    one, nor a near-copy (more than 40% of the words shared), and ids of their own. The blind file measures text
+    no head, temperature or student choice has read; the training tickets must not teach it, nor the dev
+    tickets that judge them."""
     import re
 
     words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
-    blind = handwritten.read_tickets(handwritten.default_tickets(handwritten.BLIND_FILE))
-    assert len(blind) >= 100 and all(t["id"].startswith("hb") for t in blind)
-    others = [t["text"] for name in (handwritten.EVAL_FILE, handwritten.CALIB_FILE)
-              for t in handwritten.read_tickets(handwritten.default_tickets(name))]
-    others += handwritten.read_texts(handwritten.default_tickets(handwritten.STUDENT_FILE))
+    order = [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.STUDENT_FILE, handwritten.BLIND_FILE,
+             handwritten.TRAIN_FILE, handwritten.DEV_FILE]
+    tickets = handwritten.read_tickets(handwritten.default_tickets(name))
+    assert len(tickets) >= 75 and all(t["id"].startswith(prefix) for t in tickets)
+    others = [text for other in order if other != name
+              for text in handwritten.read_texts(handwritten.default_tickets(other))]
     other_words = [words(o) for o in others]
-    for t in blind:
+    for t in tickets:
         a = words(t["text"])
         for o, b in zip(others, other_words):
             assert len(a & b) <= 0.4 * len(a | b), (t["text"], o)
