@@ -254,7 +254,7 @@ def _register_mini(commands: Any) -> None:
                         "OUT (a model soup) and the temperatures fitted on their calib rows pooled")
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
-                        "default)")
+                        "default); handwritten=W adds datasets/handwritten_tickets_train.jsonl with its gold")
     f.add_argument("--encoder-layers", default="3", metavar="N",
                    help="top encoder layers that train (default 3; 6: all of laya-mini's; more than the "
                         "encoder has: all)")

@@ -32,7 +32,9 @@ from typing import Any
 
 from laya.training.losses import LossWeights
 
-MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075}
+MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075, "handwritten": 0.0}
+# "handwritten" in the mix: datasets/handwritten_tickets_train.jsonl under the support-triage questions, their gold
+# as targets (off by default: the only natural tickets with gold a run may train on; treated as corpus rows)
 CALIB_SOURCES = ("tickets", "reviews", "dialogs", "intents", "handwritten")   # the `source` of calib file rows
 
 
@@ -257,6 +259,12 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     for i, ex in enumerate(corpus["train"]):
         for it in items_from_example(ex, f"train:{i}"):
             by_source.setdefault(ex["source"], []).append(it)
+    if cfg.mix.get("handwritten"):
+        from laya.corpus import handwritten
+
+        tickets = handwritten.read_tickets(handwritten.default_tickets(handwritten.TRAIN_FILE))
+        by_source["handwritten"] = [it for i, ex in enumerate(handwritten.examples(tickets))
+                                    for it in items_from_example(ex, f"handwritten:{i}")]
     names = [n for n, w in cfg.mix.items() if w > 0]
     missing = [n for n in names if n != "intents" and not by_source.get(n)]
     if missing:

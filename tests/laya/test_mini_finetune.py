@@ -57,6 +57,27 @@ def test_corpus_layers_zero_leaves_the_encoder_to_intent_batches(laya_tiny_bert,
     assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3
 
 
+def test_handwritten_in_the_mix_trains_on_the_training_tickets_gold(laya_tiny_bert, data, tmp_path,  # noqa: F811
+                                                                     monkeypatch):
+    """`--mix handwritten=W`: batches of datasets/handwritten_tickets_train.jsonl (never the evaluation, blind,
+    dev or calibration file) under the support-triage questions; the head trains on them."""
+    from laya.corpus import handwritten
+
+    read = []
+    real = handwritten.read_tickets
+    monkeypatch.setattr(handwritten, "read_tickets", lambda path, *a: read.append(path.name) or real(path, *a))
+    out = tmp_path / "ft"
+    cfg = FinetuneConfig(init=laya_tiny_bert, out=str(out), data=str(data), steps=3, batch_size=8, window_batches=2,
+                         lr=1e-2, encoder_lr=1e-2, mix={"handwritten": 1.0}, corpus=TINY_CORPUS, intents_calib=0,
+                         calib_sources=["tickets"], threads=1)
+    summary = finetune(cfg, progress=False)
+    assert summary["steps_by_source"] == {"handwritten": 3}
+    assert read == [handwritten.TRAIN_FILE]
+    w0 = load_file(f"{laya_tiny_bert}/model.safetensors")
+    w1 = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3
+
+
 def test_calib_sources_keep_only_those_rows_in_the_temperature_fit(laya_tiny_bert, data, tmp_path):  # noqa: F811
     from laya.corpus import handwritten
 
