@@ -282,8 +282,9 @@ def _register_mini(commands: Any) -> None:
     e.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     e.add_argument("--tickets", default=None, help="hand-written tickets JSONL (default: datasets/handwritten_tickets.jsonl)")
     e.add_argument("--blind-tickets", default=None,
-                   help="second, blind ticket file, reported beside --tickets and pooled with it (default: "
-                        "datasets/handwritten_tickets_blind.jsonl; 'none': leave it out)")
+                   help="a second ticket file no choice has read (datasets/handwritten_tickets_blind.jsonl), "
+                        "reported beside --tickets and pooled with it; only when given, so that judging runs "
+                        "does not spend it (judge runs with --tickets datasets/handwritten_tickets_dev.jsonl)")
     e.add_argument("--n", type=int, default=300, help="utterances per held-out intent set")
     e.add_argument("--out", default="runs/laya-mini-eval", help="folder for eval.json and eval.png")
     e.add_argument("--threads", type=int, default=1)

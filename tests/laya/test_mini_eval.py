@@ -175,7 +175,7 @@ def test_eval_command_end_to_end(laya_tiny_bert, data, tmp_path, capsys):
     assert "blind hand-written tickets (n=4)" in out and "both ticket files pooled (n=10)" in out
     assert "the same ticket goals on the blind set" in out
     rc = main(["laya-mini", "eval", "--model", laya_tiny_bert, "--data", str(data), "--tickets", str(tickets),
-               "--blind-tickets", "none", "--n", "6", "--out", str(tmp_path / "out2")])
+               "--n", "6", "--out", str(tmp_path / "out2")])   # the blind file is read only when asked for
     assert rc == 0 and "tickets_blind" not in json.loads((tmp_path / "out2" / "eval.json").read_text())
     assert "blind" not in capsys.readouterr().out
 
