@@ -195,7 +195,13 @@ def test_eval_command_rejects_a_missing_data_folder(tmp_path, capsys):
 
     rc = main(["laya-mini", "eval", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "--data" in capsys.readouterr().err
-    rc = main(["laya-mini", "eval", "--blind-tickets", str(tmp_path / "gone.jsonl"), "--out", str(tmp_path / "o")])
+
+
+def test_eval_command_names_a_missing_blind_file(data, tmp_path, capsys):
+    from serving.cli import main
+
+    rc = main(["laya-mini", "eval", "--data", str(data), "--blind-tickets", str(tmp_path / "gone.jsonl"),
+               "--out", str(tmp_path / "o")])
     assert rc == 2 and "--blind-tickets: file not found" in capsys.readouterr().err
 
 
