@@ -141,37 +141,56 @@ def by_intent(golds: list[str], hit: np.ndarray, base: np.ndarray, answers: list
     return out
 
 
-def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[str, Any]:
+def ticket_rows(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-ticket outcomes (edit checks: per edited copy), so that ticket files can be summed up alone or pooled
+    without answering a ticket twice."""
     _, questions = scenario("billing")
     ans = _answers(agent, [(t["text"], questions) for t in tickets])
     dept = [a["department"] for a in ans]
-    dhit = np.array([d["choice"] == t["department"] for d, t in zip(dept, tickets)], dtype=float)
-    dconf = np.array([max(d["probabilities"].values()) for d in dept])
     churn = np.array([a["churn_risk"]["noul"] for a in ans])
-    chit = np.array([(p > 0.5) == t["churn"] for p, t in zip(churn, tickets)], dtype=float)
-    urg = np.array([a["urgency"]["score"] for a in ans])
-    gold_urg = np.array([t["urgency"] for t in tickets], dtype=float)
     crit = questions["department"]["criteria"]
     rendered = [f"{k}: {v}" for k, v in crit.items()]   # what the option reads as in laya's row
     keys = list(crit)
-    base = np.array([keys[cosine.choose(t["text"], rendered)] == t["department"] for t in tickets], dtype=float)
-    gold = {"department": [d["probabilities"][t["department"]] for d, t in zip(dept, tickets)],
-            "urgency": [a["urgency"]["probabilities"][str(t["urgency"])] for a, t in zip(ans, tickets)],
-            "churn": [p if t["churn"] else 1 - p for p, t in zip(churn, tickets)]}
-    nll = {k: _log_loss(np.asarray(v, dtype=float)) for k, v in gold.items()}
     texts = [t["text"] for t in tickets]
     rng = random.Random(EDIT_SEED)
     edited = _answers(agent, [(noise.perturb(x, rng, texts, noise.SAME_MEANING), questions)
                               for x in texts for _ in range(EDIT_COPIES)])
     clean = [a for a in ans for _ in range(EDIT_COPIES)]
-    stable = {q: float(np.mean([top_option(a[q]) == top_option(e[q]) for a, e in zip(clean, edited)])) for q in questions}
-    return {"n": len(tickets), "nll": nll, "self_agreement_under_edits": stable, "department": float(dhit.mean()), "department_cosine": float(base.mean()),
+    rows = {"department_hit": np.array([d["choice"] == t["department"] for d, t in zip(dept, tickets)], dtype=float),
+            "department_conf": np.array([max(d["probabilities"].values()) for d in dept]),
+            "department_cosine_hit": np.array([keys[cosine.choose(t["text"], rendered)] == t["department"]
+                                               for t in tickets], dtype=float),
+            "churn": churn,
+            "churn_hit": np.array([(p > 0.5) == t["churn"] for p, t in zip(churn, tickets)], dtype=float),
+            "urgency_error": np.array([abs(a["urgency"]["score"] - t["urgency"]) for a, t in zip(ans, tickets)]),
+            "gold_p_department": np.array([d["probabilities"][t["department"]] for d, t in zip(dept, tickets)]),
+            "gold_p_urgency": np.array([a["urgency"]["probabilities"][str(t["urgency"])]
+                                        for a, t in zip(ans, tickets)]),
+            "gold_p_churn": np.array([p if t["churn"] else 1 - p for p, t in zip(churn, tickets)])}
+    for q in questions:
+        rows[f"unchanged_{q}"] = np.array([top_option(a[q]) == top_option(e[q]) for a, e in zip(clean, edited)],
+                                          dtype=float)
+    return rows
+
+
+def summarize_tickets(rows: dict[str, np.ndarray]) -> dict[str, Any]:
+    """`ticket_rows` (one file's, or several concatenated) -> the report's ticket figures."""
+    dhit, dconf, churn, chit = rows["department_hit"], rows["department_conf"], rows["churn"], rows["churn_hit"]
+    return {"n": len(dhit),
+            "nll": {k: _log_loss(rows[f"gold_p_{k}"]) for k in ("department", "urgency", "churn")},
+            "self_agreement_under_edits": {k.removeprefix("unchanged_"): float(v.mean())
+                                           for k, v in rows.items() if k.startswith("unchanged_")},
+            "department": float(dhit.mean()), "department_cosine": float(rows["department_cosine_hit"].mean()),
             "department_ece10": ece(dconf, dhit, ECE_BINS),
             "department_ece10_by_chance": ece_by_chance(dconf, dhit, ECE_BINS),
             "churn": float(chit.mean()),
             "churn_ece10": ece(np.maximum(churn, 1 - churn), chit, ECE_BINS),
-            "urgency_mae": float(np.abs(urg - gold_urg).mean()),
+            "urgency_mae": float(rows["urgency_error"].mean()),
             "_department_conf": dconf.tolist(), "_department_hit": dhit.tolist()}
+
+
+def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[str, Any]:
+    return summarize_tickets(ticket_rows(agent, cosine, tickets))
 
 
 def eval_acceptance(agent) -> list[dict[str, Any]]:
@@ -194,7 +213,7 @@ def goals(report: dict[str, Any]) -> dict[str, bool]:
 
 
 def ticket_goals(t: dict[str, Any], name: str) -> dict[str, bool]:
-    """The issue's four ticket targets on one ticket set (`eval_tickets`' result)."""
+    """The issue's four ticket targets on one ticket set (`summarize_tickets`' result)."""
     return {f"{name} department >= 0.90": t["department"] >= 0.90, f"{name} churn >= 0.90": t["churn"] >= 0.90,
             f"{name} urgency MAE <= 0.5": t["urgency_mae"] <= 0.5,
             f"{name} department ECE <= 0.05": t["department_ece10"] <= 0.05}
@@ -222,13 +241,15 @@ def evaluate(model: str | None = None, data: Path = DEFAULT_DATA, tickets: Path 
     blind_items = read_tickets(Path(blind), "--blind-tickets") if blind else []
     agent = laya.load(model)
     cosine = Cosine()
+    rows = ticket_rows(agent, cosine, ticket_items)
     report = {"model": agent.source, "data": str(data), "n_per_set": n,
-              "intents": eval_intents(agent, cosine, sets), "tickets": eval_tickets(agent, cosine, ticket_items),
+              "intents": eval_intents(agent, cosine, sets), "tickets": summarize_tickets(rows),
               "acceptance": eval_acceptance(agent)}
     report["goals"] = goals(report)
     if blind_items:
-        report["tickets_blind"] = eval_tickets(agent, cosine, blind_items)
-        report["tickets_pooled"] = eval_tickets(agent, cosine, ticket_items + blind_items)
+        blind_rows = ticket_rows(agent, cosine, blind_items)
+        report["tickets_blind"] = summarize_tickets(blind_rows)
+        report["tickets_pooled"] = summarize_tickets({k: np.concatenate([rows[k], blind_rows[k]]) for k in rows})
         report["goals_blind"] = ticket_goals(report["tickets_blind"], "blind tickets")
         report["goals_pooled"] = ticket_goals(report["tickets_pooled"], "pooled tickets")
     report["seconds"] = time.time() - t0
