@@ -49,18 +49,17 @@ def test_student_texts_are_not_evaluation_or_calibration_tickets():
 @pytest.mark.parametrize("name, prefix", [(handwritten.BLIND_FILE, "hb"), (handwritten.TRAIN_FILE, "ht"),
                                           (handwritten.DEV_FILE, "hd")])
 def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
-    """The blind, training and dev files were each checked against every file written before them: no text of
-    one, nor a near-copy (more than 40% of the words shared), and ids of their own. The blind file measures text
-    no head, temperature or student choice has read; the training tickets must not teach it, nor the dev
-    tickets that judge them."""
+    """The blind, training and dev files against every other ticket file: no text of one, nor a near-copy (more
+    than 40% of the words shared), and ids of their own. The blind file measures text no head, temperature or
+    student choice has read; the training tickets must not teach it, nor the dev tickets that judge them."""
     import re
 
     words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
-    order = [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.STUDENT_FILE, handwritten.BLIND_FILE,
+    files = [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.STUDENT_FILE, handwritten.BLIND_FILE,
              handwritten.TRAIN_FILE, handwritten.DEV_FILE]
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 75 and all(t["id"].startswith(prefix) for t in tickets)
-    others = [text for other in order if other != name
+    others = [text for other in files if other != name
               for text in handwritten.read_texts(handwritten.default_tickets(other))]
     other_words = [words(o) for o in others]
     for t in tickets:
