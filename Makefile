@@ -62,7 +62,7 @@ model-scratch: install
 # copy that head over laya/training/mini_head/ to ship it). The shipped head is untouched. ~29 min on 2 idle CPU
 # cores of an AMD EPYC Zen 4. The stages that made the parent: `git show 7a5ae0e:Makefile`.
 FINETUNE_FROM ?= 7a5ae0e
-# FINETUNE_MIX=...,handwritten=W adds the hand-written training tickets (docs/laya-mini.md: R6, not shipped)
+# FINETUNE_MIX=...,handwritten=W adds the hand-written training tickets (docs/laya-mini.md: R6 and R7, not shipped)
 FINETUNE_MIX := intents=0.35,tickets=0.55,reviews=0.05,dialogs=0.05
 model-finetune: install
 	rm -rf runs/laya-mini-prev-head && mkdir -p runs/laya-mini-prev-head
