@@ -52,25 +52,32 @@ model-scratch: install
 	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) \
 	  --precision $(MODEL_PRECISION) --figures docs/img
 
-# model-finetune remakes the shipped head from its parent in git history (FINETUNE_FROM: the round-4 head of
-# 7a5ae0e), assembled on the installed encoder, then one `pagoda laya-mini finetune --seeds 6,7,8` stage: three runs
-# of 600 steps that train all six encoder layers (the synthetic sources only the top 4, their targets smoothed), with
-# the cosine-teacher KL at 10 on real intents, averaged into one model (a soup), its temperatures fitted on natural
-# text only (intent decisions and the hand-written calibration tickets, datasets/handwritten_tickets_calib.jsonl):
-# round 5, docs/laya-mini.md. The result lands in runs/laya-mini-finetuned/ (members under members/) and its
-# committable head in runs/laya-mini-head/ (compare with `pagoda laya-mini eval --model runs/laya-mini-finetuned`;
-# copy that head over laya/training/mini_head/ to ship it). The shipped head is untouched. ~29 min on 2 idle CPU
-# cores of an AMD EPYC Zen 4. The stages that made the parent: `git show 7a5ae0e:Makefile`.
+# model-finetune remakes the shipped head (round 6, docs/laya-mini.md) from its parents in git history: the round-4
+# head of 7a5ae0e (FINETUNE_FROM) assembled on the installed encoder, one `pagoda laya-mini finetune --seeds 6,7,8`
+# stage on it (three runs of 600 steps that train all six encoder layers, the synthetic sources only the top 4, their
+# targets smoothed, the cosine-teacher KL at 10 on real intents, the hand-written training tickets at 0.10 of the
+# batches: R7), averaged into one model, then `pagoda laya-mini soup` of that with round 5 (FINETUNE_SOUP_WITH: the
+# same stage without the training tickets, assembled from its committed head), its temperatures fitted on natural
+# text only (intent decisions and the hand-written calibration tickets, datasets/handwritten_tickets_calib.jsonl).
+# The stage lands in runs/laya-mini-finetuned/ (members under members/), the soup in runs/laya-mini-soup/ and its
+# committable head in runs/laya-mini-head/ (compare with `pagoda laya-mini eval --model runs/laya-mini-soup`; copy
+# that head over laya/training/mini_head/ to ship it). The shipped head is untouched. ~23 min on 2 idle CPU cores of
+# an AMD EPYC Zen 4. The stages that made the parents: `git show 7a5ae0e:Makefile`, `git show a74ad9b:Makefile`.
 FINETUNE_FROM ?= 7a5ae0e
-# FINETUNE_MIX=...,handwritten=W adds the hand-written training tickets (docs/laya-mini.md: R6 and R7, not shipped)
-FINETUNE_MIX := intents=0.35,tickets=0.55,reviews=0.05,dialogs=0.05
+FINETUNE_SOUP_WITH ?= a74ad9b
+# FINETUNE_MIX=...: the stage's sources (docs/laya-mini.md: R6 = handwritten 0.15, not shipped)
+FINETUNE_MIX := intents=0.35,tickets=0.45,reviews=0.05,dialogs=0.05,handwritten=0.10
 model-finetune: install
-	rm -rf runs/laya-mini-prev-head && mkdir -p runs/laya-mini-prev-head
+	rm -rf runs/laya-mini-prev-head runs/laya-mini-round5-head && mkdir -p runs/laya-mini-prev-head runs/laya-mini-round5-head
 	git archive $(FINETUNE_FROM) laya/training/mini_head | tar -x --strip-components=3 -C runs/laya-mini-prev-head
+	git archive $(FINETUNE_SOUP_WITH) laya/training/mini_head | tar -x --strip-components=3 -C runs/laya-mini-round5-head
 	$(PAGODA) laya-mini build --head-dir runs/laya-mini-prev-head --out runs/laya-mini-prev --force
+	$(PAGODA) laya-mini build --head-dir runs/laya-mini-round5-head --out runs/laya-mini-round5 --force
 	$(PAGODA) laya-mini finetune --init runs/laya-mini-prev --out runs/laya-mini-finetuned \
 	  --steps 600 --threads 2 --seeds 6,7,8 --mix $(FINETUNE_MIX) --encoder-layers 6 --kl-weight 10 \
-	  --corpus-layers 4 --label-smoothing 0.1 --calib-sources intents,handwritten --head-dir runs/laya-mini-head
+	  --corpus-layers 4 --label-smoothing 0.1 --calib-sources intents,handwritten
+	$(PAGODA) laya-mini soup --members runs/laya-mini-round5 runs/laya-mini-finetuned --out runs/laya-mini-soup \
+	  --head-dir runs/laya-mini-head
 
 # The decision service (gunicorn, POST /decide) on the embedded laya-mini, built first if missing.
 # Flags and PAGODA_* variables configure it (docs/serving.md): make serve SERVE_ARGS="--port 9000".

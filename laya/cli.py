@@ -1,5 +1,5 @@
 """laya's commands: `decide`, `bench decide`, `train`, `calibrate`, `laya-mini build`, `laya-mini finetune`,
-`laya-mini eval`.
+`laya-mini soup`, `laya-mini eval`.
 
 Registering only adds parsers; torch and the model load inside the handlers, so `pagoda --help`
 stays fast (docs/architecture.md). Defaults come from the config dataclasses, so a flag's default
@@ -276,6 +276,15 @@ def _register_mini(commands: Any) -> None:
                                                   "replaces the shipped one; `make model` then assembles it)")
     f.set_defaults(func=_mini_finetune)
 
+    s = sub.add_parser("soup", help="average finished laya-mini checkpoints (e.g. two fine-tunes of one parent) "
+                                    "and refit the temperatures on their calib rows pooled (how round 6 was made)")
+    s.add_argument("--members", nargs="+", required=True, metavar="DIR",
+                   help="two or more checkpoint folders from one parent; the first's config and tokenizer are kept")
+    s.add_argument("--out", required=True, help="folder for the averaged checkpoint")
+    s.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
+                                                  "replaces the shipped one; `make model` then assembles it)")
+    s.set_defaults(func=_mini_soup)
+
     e = sub.add_parser("eval", help="held-out-label intent accuracy vs the MiniLM cosine baseline (same run), "
                                     "hand-written tickets, the issue-15 acceptance sentences; JSON + PNG")
     e.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
@@ -387,6 +396,19 @@ def _mini_finetune(args: argparse.Namespace) -> int:
     print(f"laya-mini {what} ({summary['threads']} threads) in {t['train']:.0f}s "
           f"(total {t['total']:.0f}s), calib ECE15 {summary['calib']['ece15_before']:.3f} -> "
           f"{summary['calib']['ece15_after']:.3f} -> {cfg.out}")
+    return 0
+
+
+def _mini_soup(args: argparse.Namespace) -> int:
+    from laya.training.soup import soup_checkpoints
+
+    try:
+        summary = soup_checkpoints([Path(m) for m in args.members], Path(args.out), args.head_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pagoda laya-mini soup: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"laya-mini soup of {len(summary['members'])} checkpoints in {summary['times_s']['total']:.0f}s, calib ECE15 "
+          f"{summary['calib']['ece15_before']:.3f} -> {summary['calib']['ece15_after']:.3f} -> {args.out}")
     return 0
 
 

@@ -103,3 +103,52 @@ def soup(cfg: FinetuneConfig, seeds: list[int], progress: bool = True) -> dict[s
         publish(cfg, out, corpus, fit, ev, summary, recipe={**recipe, "head_dir": cfg.head_dir},
                 how="pagoda laya-mini finetune --seeds")
     return summary
+
+
+def soup_checkpoints(members: list[Path], out: Path, head_dir: str = "") -> dict[str, Any]:
+    """Average finished laya-mini checkpoints into `out` and refit its temperatures (`pagoda laya-mini soup`).
+
+    Why a second way in: the shipped round 6 is the mean of two soups from one parent, round 5's mix and the same
+    recipe with the natural training tickets in the mix (docs/laya-mini.md). Each alone lost something the other
+    kept (acceptance sentence 1; 10 points of department on natural text); both are already trained, so this
+    averages checkpoints rather than training members. The temperatures are fitted on the calib rows of the
+    members that carry them (a fine-tune writes `calib.jsonl`; an assembled checkpoint has none), pooled."""
+    from laya.corpus.build import CorpusConfig, build
+    from laya.training import calibrate as cal
+    from laya.training.finetune import publish
+
+    members = [Path(m) for m in members]
+    if len(members) < 2 or len({m.resolve() for m in members}) != len(members):
+        raise ValueError(f"--members: give two or more distinct checkpoint folders, got {[str(m) for m in members]}")
+    for m in members:
+        if not (m / "rl_agent_config.json").is_file() or not (m / "model.safetensors").is_file():
+            raise FileNotFoundError(f"--members: {m} is not a laya-mini checkpoint folder "
+                                    "(no rl_agent_config.json / model.safetensors)")
+    if Path(out).resolve() in {m.resolve() for m in members}:
+        raise ValueError("--out: must not be one of --members (they are read while it is written)")
+    with_calib = [m for m in members if (m / "calib.jsonl").is_file()]
+    if not with_calib:
+        raise FileNotFoundError("--members: none carries calib.jsonl (a fine-tune's output does), so there are "
+                                "no calibration rows to fit the soup's temperatures on")
+    t0 = time.time()
+    out = Path(out)
+    recipes = [json.loads((m / "rl_agent_config.json").read_text()).get("laya_mini", {}).get("fine_tune")
+               for m in members]
+    average_weights(members, out)
+    config = json.loads((out / "rl_agent_config.json").read_text())
+    recipe = {"soup_of": [str(m) for m in members], "recipes": recipes}
+    config.setdefault("laya_mini", {})["fine_tune"] = recipe
+    (out / "rl_agent_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    fit, ev = cal.calibrate(str(out), str(pooled_calib(with_calib, out / "calib.jsonl")))
+    summary = {"members": [str(m) for m in members], "times_s": {"train": 0.0, "total": time.time() - t0},
+               "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
+               "calib": {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
+                         "n": ev["all"]["after"]["n"]}}
+    (out / "finetune_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if head_dir:
+        first = next((r for r in recipes if r and r.get("corpus")), None)   # the test split the metrics read
+        seed = (first.get("seeds") or [first.get("seed", 0)])[0] if first else 0
+        corpus = build(CorpusConfig(seed=seed, **(first["corpus"] if first else {})))
+        publish(FinetuneConfig(head_dir=head_dir), out, corpus, fit, ev, summary,
+                recipe={**recipe, "head_dir": head_dir}, how="pagoda laya-mini soup")
+    return summary

@@ -84,3 +84,55 @@ def test_bad_seeds_are_one_line_naming_the_flag(argv, laya_tiny_bert, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "--seeds" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_soup_command_averages_finished_checkpoints(laya_tiny_bert, data, tmp_path):  # noqa: F811
+    """`pagoda laya-mini soup`: the mean of checkpoints already trained (how round 6 joined two recipes), the
+    temperatures fitted on the calib rows of the members that carry them; an assembled member carries none."""
+    import shutil
+    from dataclasses import replace
+
+    from serving.cli import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    finetune(_cfg(laya_tiny_bert, a, data, seed=1), progress=False)
+    finetune(replace(_cfg(laya_tiny_bert, b, data, seed=2), mix={"tickets": 1.0}), progress=False)
+    bare = tmp_path / "bare"                                       # like models/laya-mini: no calib.jsonl
+    shutil.copytree(a, bare)
+    (bare / "calib.jsonl").unlink()
+    out = tmp_path / "soup"
+    assert main(["laya-mini", "soup", "--members", str(bare), str(b), "--out", str(out)]) == 0
+    wa, wb, ws = (load_file(str(p / "model.safetensors")) for p in (bare, b, out))
+    assert not torch.equal(wa["scorer.1.weight"], wb["scorer.1.weight"])
+    for k in ws:
+        assert torch.equal(ws[k], ((wa[k].double() + wb[k].double()) / 2).to(wa[k].dtype)), k
+    assert (out / "calib.jsonl").read_text() == (b / "calib.jsonl").read_text()
+    stored = json.loads((out / "rl_agent_config.json").read_text())
+    recipe = stored["laya_mini"]["fine_tune"]
+    assert recipe["soup_of"] == [str(bare), str(b)] and recipe["recipes"][1]["mix"] == {"tickets": 1.0}
+    summary = json.loads((out / "finetune_summary.json").read_text())
+    assert stored["temperature"] == [round(t, 4) for t in summary["temperature"]]
+    state, questions = scenario()
+    assert laya.load(str(out)).predict(state, questions)["answers"] != \
+        laya.load(str(b)).predict(state, questions)["answers"]
+
+
+@pytest.mark.parametrize("case,flag", [("one", "--members"), ("same", "--members"), ("missing", "--members"),
+                                       ("out-is-member", "--out"), ("no-calib", "--members")])
+def test_bad_soup_members_are_one_line_naming_the_flag(case, flag, laya_tiny_bert, tmp_path, capsys):
+    import shutil
+
+    from serving.cli import main
+
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    for m in (a, b):
+        shutil.copytree(laya_tiny_bert, m)
+    if case != "no-calib":
+        (a / "calib.jsonl").write_text("")
+    members = {"one": [a], "same": [a, a], "missing": [a, tmp_path / "nope"]}.get(case, [a, b])
+    if case == "out-is-member":
+        out = b
+    rc = main(["laya-mini", "soup", "--members", *map(str, members), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and flag in err, err
+    assert not (tmp_path / "out").exists()
