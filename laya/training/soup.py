@@ -68,11 +68,24 @@ def pooled_calib(members: list[Path], path: Path) -> Path:
     return path
 
 
+def average_and_fit(members: list[Path], out: Path, recipe: dict[str, Any], calib_members: list[Path]):
+    """The part both soups share: `out` = the members' mean with `recipe` recorded in its config, temperatures
+    fitted on `calib_members`' calib rows pooled. Returns the fit, its evaluation and the summary's calib entry."""
+    from laya.training import calibrate as cal
+
+    average_weights(members, out)
+    config = json.loads((out / "rl_agent_config.json").read_text())
+    config.setdefault("laya_mini", {})["fine_tune"] = recipe
+    (out / "rl_agent_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    fit, ev = cal.calibrate(str(out), str(pooled_calib(calib_members, out / "calib.jsonl")))
+    return fit, ev, {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
+                     "n": ev["all"]["after"]["n"]}
+
+
 def soup(cfg: FinetuneConfig, seeds: list[int], progress: bool = True) -> dict[str, Any]:
     """Train `cfg` once per seed into `out/members/seed-N`, average them into `out`, refit the temperatures on
     the pooled calib rows; `cfg.head_dir` publishes the soup, not a member. Returns a summary."""
     from laya.corpus.build import CorpusConfig, build
-    from laya.training import calibrate as cal
     from laya.training.finetune import finetune, publish
 
     check_seeds(cfg, seeds)
@@ -83,20 +96,14 @@ def soup(cfg: FinetuneConfig, seeds: list[int], progress: bool = True) -> dict[s
         runs.append(finetune(member_config(cfg, seed), progress=progress))
     members = [Path(member_config(cfg, s).out) for s in seeds]
     t = time.time()
-    average_weights(members, out)
-    config = json.loads((out / "rl_agent_config.json").read_text())
     recipe = {**{k: v for k, v in asdict(cfg).items() if k != "seed"}, "seeds": list(seeds)}
-    config.setdefault("laya_mini", {})["fine_tune"] = recipe
-    (out / "rl_agent_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    fit, ev = cal.calibrate(str(out), str(pooled_calib(members, out / "calib.jsonl")))
+    fit, ev, calib = average_and_fit(members, out, recipe, members)
     times = {"train": sum(r["times_s"]["train"] for r in runs), "calibrate": time.time() - t,   # train: all members
              "total": time.time() - t0}
     summary = {"steps": cfg.steps, "seeds": list(seeds), "times_s": times, "threads": runs[0]["threads"],
                "members": {str(s): {"final_loss": r["final_loss"], "temperature_by_options": r["temperature_by_options"]}
                            for s, r in zip(seeds, runs)},
-               "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
-               "calib": {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
-                         "n": ev["all"]["after"]["n"]}}
+               "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options, "calib": calib}
     (out / "finetune_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.head_dir:
         corpus = build(CorpusConfig(seed=seeds[0], **cfg.corpus))   # the first member's test split
@@ -114,7 +121,6 @@ def soup_checkpoints(members: list[Path], out: Path, head_dir: str = "") -> dict
     averages checkpoints rather than training members. The temperatures are fitted on the calib rows of the
     members that carry them (a fine-tune writes `calib.jsonl`; an assembled checkpoint has none), pooled."""
     from laya.corpus.build import CorpusConfig, build
-    from laya.training import calibrate as cal
     from laya.training.finetune import publish
 
     members = [Path(m) for m in members]
@@ -134,16 +140,10 @@ def soup_checkpoints(members: list[Path], out: Path, head_dir: str = "") -> dict
     out = Path(out)
     recipes = [json.loads((m / "rl_agent_config.json").read_text()).get("laya_mini", {}).get("fine_tune")
                for m in members]
-    average_weights(members, out)
-    config = json.loads((out / "rl_agent_config.json").read_text())
     recipe = {"soup_of": [str(m) for m in members], "recipes": recipes}
-    config.setdefault("laya_mini", {})["fine_tune"] = recipe
-    (out / "rl_agent_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    fit, ev = cal.calibrate(str(out), str(pooled_calib(with_calib, out / "calib.jsonl")))
+    fit, ev, calib = average_and_fit(members, out, recipe, with_calib)
     summary = {"members": [str(m) for m in members], "times_s": {"train": 0.0, "total": time.time() - t0},
-               "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
-               "calib": {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
-                         "n": ev["all"]["after"]["n"]}}
+               "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options, "calib": calib}
     (out / "finetune_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if head_dir:
         first = next((r for r in recipes if r and r.get("corpus")), None)   # the test split the metrics read
