@@ -189,10 +189,6 @@ def summarize_tickets(rows: dict[str, np.ndarray]) -> dict[str, Any]:
             "_department_conf": dconf.tolist(), "_department_hit": dhit.tolist()}
 
 
-def eval_tickets(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[str, Any]:
-    return summarize_tickets(ticket_rows(agent, cosine, tickets))
-
-
 def eval_acceptance(agent) -> list[dict[str, Any]]:
     _, questions = scenario("billing")
     out = []

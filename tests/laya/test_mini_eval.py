@@ -248,7 +248,7 @@ def test_self_agreement_counts_the_answers_an_edit_changes():
 
     tickets = read_tickets(default_tickets())[:24]
     agent, questions = laya.load(str(mini.ensure())), scenario("billing")[1]
-    report = mini_eval.eval_tickets(agent, Cosine(), tickets)["self_agreement_under_edits"]
+    report = mini_eval.summarize_tickets(mini_eval.ticket_rows(agent, Cosine(), tickets))["self_agreement_under_edits"]
     texts = [t["text"] for t in tickets]
     rng, same = random.Random(mini_eval.EDIT_SEED), {q: [] for q in questions}
     for text in texts:
