@@ -52,6 +52,9 @@ class Api(Protocol):
     def stats(self) -> dict:
         """Its part of `/stats`."""
 
+    def health(self) -> dict:
+        """Its part of `/health`: cheap (load balancers poll it), never waiting on a model or a lock."""
+
     def openapi(self) -> dict:
         """Its part of `/openapi.json`: `{"paths": ..., "schemas": ...}`."""
 
@@ -95,7 +98,7 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", **merged(api.health() for api in apis)}
 
     @app.get("/ready")
     def ready() -> dict:

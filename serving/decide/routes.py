@@ -9,6 +9,7 @@ its routes.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -88,10 +89,15 @@ class DecideApi:
 
     def health(self) -> dict:
         """Its part of `/health`: the CPU's detected features at once, the engine once the model is loaded."""
+        backend = self.service.backend if self.service else None
+        return {"decide": {"cpu": self.cpu, "engine": backend.describe() if backend is not None else None}}
+
+    @functools.cached_property
+    def cpu(self) -> dict:
+        """Read once: /proc/cpuinfo does not change under a process, and `/health` is polled."""
         from laya.precision import detect
 
-        backend = self.service.backend if self.service else None
-        return {"decide": {"cpu": detect().summary(), "engine": backend.describe() if backend is not None else None}}
+        return detect().summary()
 
     def openapi(self) -> dict:
         return openapi(self.cfg)

@@ -67,6 +67,9 @@ class GenerateApi:
             "kind": "generation", "max_model_len": self.service.engine.max_model_len}]
         return {"data": data}
 
+    def health(self) -> dict:
+        return {"generate": {"model": self.service.name, "loaded": self.service.loaded.is_set()}}
+
     def stats(self) -> dict:
         return {"generation": {**(self.service.engine_stats() or {}), **self.service.metrics.stats()}}
 

@@ -10,6 +10,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from serving_support import BILLING_STATE
 
+from laya.precision import detect
+
 TIMING = ("latency_ms", "queue_ms")
 STATES = [
     BILLING_STATE,
@@ -46,7 +48,11 @@ def assert_error(response, status: int, type_: str, field: str | None = None) ->
 def test_health_ready_models(server):
     # the process answered while the model was loading: /ready said 503 until it was in memory
     assert server.ready_statuses[0] == 503 and server.ready_statuses[-1] == 200
-    assert requests.get(server.url + "/health", timeout=5).json() == {"status": "ok"}
+    # /health names the CPU features precision detection saw and the engine that answers (issue 14)
+    health = requests.get(server.url + "/health", timeout=5).json()
+    assert health["status"] == "ok" and set(health) == {"status", "decide"}  # this server runs no LLM
+    assert health["decide"]["cpu"] == detect().summary()
+    assert health["decide"]["engine"]["precision"] == "exact"
     ready = requests.get(server.url + "/ready", timeout=5)
     assert ready.status_code == 200 and ready.json()["kind"] == "laya"
     models = requests.get(server.url + "/v1/models", timeout=5).json()

@@ -62,6 +62,9 @@ def test_stats_carry_the_engines_figures(gen):
     assert g["ttft_ms"]["window"] >= 1 and g["inter_token_ms"]["p50"] is not None
     assert stats["requests"]["by_route"]["/v1/completions"] >= 2  # the core counts the API's routes too
     assert "decisions" in stats  # the decision API's part beside it
+    health = requests.get(gen.url + "/health", timeout=10).json()  # each API adds its part to /health too
+    assert health["generate"] == {"model": requests.get(gen.url + "/get_model_info", timeout=10).json()["served_model_name"],
+                                  "loaded": True} and health["decide"]["engine"] is not None
 
 
 def test_decisions_answer_while_generation_streams(gen, billing_questions):
