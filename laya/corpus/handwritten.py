@@ -14,7 +14,9 @@ second evaluation file, committed before any model answered it: the first one se
 issue 15), so it is no longer a blind measure. The files share no text, the student file no near-copy of an
 evaluation ticket, and the blind file no near-copy of any other file's text (tests check all three).
 `handwritten_tickets_train.jsonl` and `handwritten_tickets_dev.jsonl` (Dec 5) are natural tickets with gold for
-fine-tuning (`pagoda laya-mini finetune --mix ...,handwritten=W`) and for judging such runs without the blind file.
+fine-tuning (`pagoda laya-mini finetune --mix ...,handwritten=W`) and for judging such runs without the blind file;
+`handwritten_tickets_dev2.jsonl` is a second dev file, written when the first and the evaluation file disagreed on a
+student choice by ten answers.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ STUDENT_FILE = "handwritten_tickets_student.jsonl"
 BLIND_FILE = "handwritten_tickets_blind.jsonl"
 TRAIN_FILE = "handwritten_tickets_train.jsonl"
 DEV_FILE = "handwritten_tickets_dev.jsonl"
+DEV2_FILE = "handwritten_tickets_dev2.jsonl"
 SOURCE = "handwritten"
 
 
