@@ -41,8 +41,6 @@ def build_app(cfg: GatewayConfig, rules: Rules, exit_if_unloadable: bool = False
 
     api = GatewayApi(cfg, rules)
     app = create_app(cfg, [api])
-    # The core's /health says only that the process answers; the gateway's also says which upstreams are up.
-    app.view_functions["health"] = api.health
 
     def watch() -> None:
         while not api.loaded.wait(0.2):

@@ -86,7 +86,9 @@ def until(check, seconds: float, what: str, step: float = 0.1):
 
 
 def upstream_states(gateway) -> dict[str, bool]:
-    return {u["url"]: u["up"] for u in requests.get(gateway.url + "/health", timeout=5).json()["upstreams"]}
+    health = requests.get(gateway.url + "/health", timeout=5).json()
+    assert health["status"] == "ok" and set(health) == {"status", "upstreams"}  # the core's field and the gateway's part
+    return {u["url"]: u["up"] for u in health["upstreams"]}
 
 
 def metric(gateway, name: str, **labels: str) -> float:
