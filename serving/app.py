@@ -98,7 +98,7 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", **merged(api.health() for api in apis)}
+        return merged([{"status": "ok"}, *(api.health() for api in apis)])
 
     @app.get("/ready")
     def ready() -> dict:
