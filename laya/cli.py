@@ -266,9 +266,6 @@ def _register_mini(commands: Any) -> None:
                         "generated tickets do not teach a confidence natural text does not earn (default 0)")
     f.add_argument("--kl-weight", default="1.0", metavar="W",
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
-    f.add_argument("--consistency", default="0", metavar="W",
-                   help="weight of KL(answer to a ticket as written || answer to a copy with meaning-keeping edits: "
-                        "case, punctuation, typos, a greeting) on ticket batches (default 0: off)")
     f.add_argument("--no-calib-tickets", action="store_true",
                    help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl (the default "
                         "--calib-sources less handwritten)")
@@ -385,7 +382,6 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              mix=_mix_flag(args.mix) or dict(MIX),
                              precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
                              kl_weight=_float_flag("--kl-weight", args.kl_weight),
-                             consistency=_float_flag("--consistency", args.consistency),
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
                              label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
                              calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets))

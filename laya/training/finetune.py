@@ -26,7 +26,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075, "han
 # "handwritten" in the mix: datasets/handwritten_tickets_train.jsonl under the support-triage questions, their gold
 # as targets (off by default: the only natural tickets with gold a run may train on; treated as corpus rows)
 CALIB_SOURCES = ("tickets", "reviews", "dialogs", "intents", "handwritten")   # the `source` of calib file rows
-CONSISTENCY_SOURCES = ("tickets", "handwritten")   # the rows `consistency` edits: tickets, where edits keep meaning
 
 
 def _default_corpus() -> dict[str, int]:
@@ -61,7 +60,6 @@ class FinetuneConfig:
     mix: dict[str, float] = field(default_factory=lambda: dict(MIX))
     label_smoothing: float = 0.0     # corpus targets mixed with this much of uniform over the row's options
     kl_weight: float = 1.0           # the cosine-teacher KL on intent choices (10 with all 6 layers: Dec 4 sweep)
-    consistency: float = 0.0         # weight of KL(answer as written || answer to an edited copy), ticket batches
     teacher_tau: float = 0.05        # the NLL-optimal temperature of the cosine ranking on train-label choices
     loss: LossWeights = field(default_factory=lambda: LossWeights(log=1.0, spherical=0.5, rps=1.0))
     act_weight: float = 0.1
@@ -104,8 +102,6 @@ class FinetuneConfig:
                 raise ValueError(f"finetune: {name} must be >= 0, got {getattr(self, name)!r}")
         if not self.kl_weight >= 0:
             raise ValueError(f"--kl-weight: must be >= 0, got {self.kl_weight!r}")
-        if not self.consistency >= 0:
-            raise ValueError(f"--consistency: must be >= 0, got {self.consistency!r}")
         if not self.teacher_tau > 0:
             raise ValueError(f"finetune: teacher_tau must be > 0, got {self.teacher_tau!r}")
         if not 0 <= self.label_smoothing < 1:
@@ -198,21 +194,6 @@ def teacher_kl(logits, items, teachers, cosine, tau: float):
     return torch.stack(terms).mean() if terms else None
 
 
-def consistency_kl(logits, edited_logits, mask):
-    """Mean over rows of KL(p || q): p the answer to the text as written (no gradient), q the answer to an edited
-    copy with the same options in the same slots.
-
-    Why: edits that keep a ticket's meaning (case, punctuation, a typo, a greeting; `laya.corpus.noise`) changed
-    round 6's urgency answer on ~14% of hand-written tickets, and a student taught on such copies cannot follow a
-    teacher that disagrees with itself. The written text's answer is the target, so the term asks the head to
-    read an edited copy as it reads the original, not to move the original's answer."""
-    import torch
-
-    p = torch.softmax(logits.detach().float().masked_fill(~mask, -1e4), -1)
-    logq = torch.log_softmax(edited_logits.float().masked_fill(~mask, -1e4), -1)
-    return (p * (p.clamp_min(1e-12).log() - logq)).masked_fill(~mask, 0.0).sum(-1).mean()
-
-
 def smooth(target, mask, eps: float):
     """(1 - eps) * target + eps * uniform over each row's options (`mask`). Why for the corpus only: its
     tickets are easy (the head answers ~97% of the synthetic calib split right), so hard labels teach a margin
@@ -251,7 +232,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
     from laya.checkpoint import save_checkpoint
-    from laya.corpus import noise
     from laya.corpus.build import CorpusConfig, build
     from laya.corpus.intents import IntentSource
     from laya.rows import Budgets
@@ -332,8 +312,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     times["setup"] = time.time() - t0
     t = time.time()
     pick = random.Random(cfg.seed + 4)
-    edit_rng = random.Random(cfg.seed + 5)
-    consistencies: list[float] = []
     weights = [cfg.mix[n] for n in names]
     losses: dict[str, list[float]] = {n: [] for n in names}
     kls: list[float] = []
@@ -344,18 +322,10 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         items, teachers = src.next()
         model.train()
         model.encoder.eval()   # no dropout in a mostly frozen encoder
-        twin = random.Random()
-        twin.setstate(src.rng.getstate())   # the edited copies draw the same option orders and subsets
         batch, target = training_batch(tok, items, range(len(items)), budgets, src.rng, src.augment)
         with autocast(cfg.precision, "cpu"):
             logits, act = model(**batch)
         logits, act = logits.float(), act.float()
-        edited_logits = None
-        if cfg.consistency and name in CONSISTENCY_SOURCES:
-            edited = [replace(it, state=noise.perturb(it.state, edit_rng, [], noise.SAME_MEANING)) for it in items]
-            ebatch, _ = training_batch(tok, edited, range(len(edited)), budgets, twin, src.augment)
-            with autocast(cfg.precision, "cpu"):
-                edited_logits = model(**ebatch)[0].float()
         if cfg.label_smoothing and name != "intents":
             target = smooth(target, batch["marker_mask"], cfg.label_smoothing)
         loss = proper_loss(logits, target, batch["marker_mask"], batch["qtype"], cfg.loss)
@@ -366,10 +336,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         if kl is not None:
             loss = loss + cfg.kl_weight * kl
             kls.append(float(kl.detach()))
-        if edited_logits is not None:
-            c = consistency_kl(logits, edited_logits, batch["marker_mask"])
-            loss = loss + cfg.consistency * c
-            consistencies.append(float(c.detach()))
         for g, base in zip(opt.param_groups, bases):
             g["lr"] = base * lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -398,7 +364,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     summary = {"steps": cfg.steps, "times_s": times, "threads": torch.get_num_threads(),
                "steps_by_source": {n: len(v) for n, v in losses.items()},
                "final_loss": {n: v[-1] for n, v in losses.items() if v}, "mean_kl": sum(kls) / max(1, len(kls)),
-               "mean_consistency_kl": sum(consistencies) / max(1, len(consistencies)),
                "temperature": fit.temperature, "temperature_by_options": fit.temperature_by_options,
                "calib": {"ece15_before": ev["all"]["before"]["ece15"], "ece15_after": ev["all"]["after"]["ece15"],
                          "n": ev["all"]["after"]["n"]}}

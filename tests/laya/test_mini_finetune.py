@@ -13,7 +13,7 @@ from test_mini_eval import _FixedCosine, data  # noqa: F401  (the teacher stand-
 import laya
 from laya.scenarios import load as scenario
 from laya.training.examples import items_from_example
-from laya.training.finetune import FinetuneConfig, consistency_kl, finetune, smooth, teacher_kl
+from laya.training.finetune import FinetuneConfig, finetune, smooth, teacher_kl
 
 TINY_CORPUS = {"tickets_train": 40, "tickets_calib": 12, "tickets_test": 4, "tickets_unseen": 4,
                "reviews_train": 40, "reviews_calib": 12, "reviews_test": 4}
@@ -122,42 +122,6 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     assert teacher_kl(flat, [item], [None], _FixedCosine(), 0.5) is None          # no teacher: no term
 
 
-def test_consistency_term_is_zero_only_when_the_edited_copy_answers_alike():
-    mask = torch.tensor([[True, True, True], [True, True, False]])
-    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, -0.5, 9.0]], requires_grad=True)
-    assert float(consistency_kl(logits, logits.detach().clone(), mask)) == pytest.approx(0.0, abs=1e-6)
-    edited = torch.tensor([[0.0, 2.0, -1.0], [0.5, -0.5, -9.0]], requires_grad=True)   # row 2: padding differs only
-    c = consistency_kl(logits, edited, mask)
-    assert float(c.detach()) > 0.5
-    c.backward()
-    assert logits.grad is None and edited.grad[1].abs().max() == 0 and edited.grad[0].abs().max() > 0
-
-
-def test_consistency_trains_on_edited_copies_of_ticket_batches_only(laya_tiny_bert, data, tmp_path,  # noqa: F811
-                                                                    monkeypatch):
-    """`--consistency W`: each ticket batch is run a second time on copies with meaning-keeping edits, in the same
-    option slots; intent batches are not; without the flag the edits are never drawn."""
-    from laya.corpus import noise
-
-    edited = []
-    real = noise.perturb
-    monkeypatch.setattr(noise, "perturb", lambda text, rng, pool, kinds=noise.KINDS:
-                        edited.append((text, kinds)) or real(text, rng, pool, kinds))
-    base = dict(init=laya_tiny_bert, data=str(data), steps=8, batch_size=8, window_batches=2, lr=1e-2,
-                encoder_lr=1e-2, mix={"intents": 0.5, "tickets": 0.5}, corpus=TINY_CORPUS, intents_calib=0,
-                calib_sources=["tickets"], threads=1)
-    off = finetune(FinetuneConfig(out=str(tmp_path / "off"), **base), progress=False)
-    assert edited == [] and off["mean_consistency_kl"] == 0
-    on = finetune(FinetuneConfig(out=str(tmp_path / "on"), consistency=1.0, **base), progress=False)
-    n_ticket_steps = on["steps_by_source"].get("tickets", 0)
-    assert n_ticket_steps >= 1 and on["steps_by_source"]["intents"] >= 1 and len(edited) == 8 * n_ticket_steps
-    assert all(kinds == noise.SAME_MEANING for _, kinds in edited)
-    assert on["mean_consistency_kl"] > 0
-    w_off = load_file(str(tmp_path / "off" / "model.safetensors"))
-    w_on = load_file(str(tmp_path / "on" / "model.safetensors"))
-    assert not torch.equal(w_off["scorer.1.weight"], w_on["scorer.1.weight"])
-
-
 @pytest.mark.parametrize("argv, flag", [
     (["--out", "OUT"], "--init"),
     (["--init", "INIT"], "--out"),
@@ -175,8 +139,6 @@ def test_consistency_trains_on_edited_copies_of_ticket_batches_only(laya_tiny_be
     (["--init", "INIT", "--out", "OUT", "--calib-sources", ""], "--calib-sources"),
     (["--init", "INIT", "--out", "OUT", "--label-smoothing", "lots"], "--label-smoothing"),
     (["--init", "INIT", "--out", "OUT", "--kl-weight", "-1"], "--kl-weight"),
-    (["--init", "INIT", "--out", "OUT", "--consistency", "-0.5"], "--consistency"),
-    (["--init", "INIT", "--out", "OUT", "--consistency", "much"], "--consistency"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_path, capsys):
     from serving.cli import main
