@@ -18,6 +18,7 @@ import numpy as np
 
 from distill import fidelity
 from laya.calibration import metrics, plot_reliability, softmax
+from laya.corpus import noise
 
 TARGETS = {"int8_size_mb": 25.0, "b1_p50_ms_1thread": 10.0, "b1_p50_cpu_ms_1thread": 10.0, "agreement": 0.95, "ece_teacher": 0.03, "speedup": 10.0}
 
@@ -174,11 +175,20 @@ def other_data(run, path: Path, variants: dict[str, tuple[Path, str | None]]) ->
     ds = load_corpus(path, task)
     texts = [state_text(x) for x in ds[task.text_field]]
     gold = gold_indices(ds, task)
-    answers = run.agent.predict_batch(texts, task.questions, batch_size=task.labels.batch_size, **task.budgets)
-    teacher = {q: np.array([probabilities_from_answer(parsed, a["answers"][q]) for a in answers], dtype=np.float64)
-               for q, parsed in task.parsed.items()}
+
+    def teacher_probs(states: list[str]) -> dict[str, np.ndarray]:
+        answers = run.agent.predict_batch(states, task.questions, batch_size=task.labels.batch_size, **task.budgets)
+        return {q: np.array([probabilities_from_answer(parsed, a["answers"][q]) for a in answers], dtype=np.float64)
+                for q, parsed in task.parsed.items()}
+
+    teacher = teacher_probs(texts)
+    # How often the teacher's own answer survives edits that keep a text's meaning: a student taught on edited
+    # copies (distill.corpus) can hardly follow it more often than it follows itself.
+    edited = teacher_probs(noise.same_meaning_copies(texts))
+    unchanged = {q: fidelity.agreement(edited[q], np.repeat(teacher[q], noise.EDIT_COPIES, axis=0)) for q in teacher}
     return {"path": str(path), "rows": len(texts), "gold_columns": task.gold,
             "teacher": {q: vs_gold(teacher[q], gold[q]) for q in teacher if q in gold},
+            "teacher_unchanged_under_edits": unchanged,
             "students": {name: quality(student_probs(p, precision, texts)[0], teacher, gold)
                          for name, (p, precision) in variants.items()}}
 
@@ -249,15 +259,19 @@ def render(task, report: dict, pngs: list[str], run) -> str:
                   "is wrong on such text, a student that disagrees with it may be right. *Disagreements* splits "
                   "the rows where the two pick differently by who matches gold (student / teacher / neither); "
                   "*where the teacher is right* is the agreement over the rows whose teacher answer matches "
-                  "gold (their count in brackets).", "",
+                  "gold (their count in brackets). The teacher's *agreement* is with itself: how often its answer "
+                  f"stays the same on {noise.EDIT_COPIES} copies of each row with edits that keep the meaning (case, "
+                  "punctuation, typos, a greeting and sign-off; `laya.corpus.noise`), about the most a student "
+                  "taught on such copies can follow it.", "",
                   "| model | question | agreement | agreement, decisive rows (share) | mean KL | ECE vs teacher "
                   "| accuracy vs gold | disagreements: student / teacher / neither right | agreement where the "
                   "teacher is right (rows) |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for q in qs:
-            if q in other.get("teacher", {}):
-                lines.append("| {} | {} | — | — | — | — | {} | — | — |".format(
-                    teacher_name, q, _fmt(other["teacher"][q].get("acc_gold"))))
+            if q in other.get("teacher", {}) or q in other.get("teacher_unchanged_under_edits", {}):
+                lines.append("| {} | {} | {} | — | — | — | {} | — | — |".format(
+                    teacher_name, q, _fmt(other.get("teacher_unchanged_under_edits", {}).get(q)),
+                    _fmt(other.get("teacher", {}).get(q, {}).get("acc_gold"))))
         for model, r in other["students"].items():
             for q in qs:
                 m = r[q]

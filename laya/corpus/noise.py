@@ -14,6 +14,8 @@ import random
 LOWER, SHOUT, NO_PUNCTUATION, TYPOS, GREETING, FIRST_SENTENCE, APPEND = range(7)
 KINDS = (LOWER, SHOUT, NO_PUNCTUATION, TYPOS, GREETING, FIRST_SENTENCE, APPEND)
 SAME_MEANING = (LOWER, SHOUT, NO_PUNCTUATION, TYPOS, GREETING)
+EDIT_COPIES = 2    # edited copies per text when measuring whether an answer survives the edits
+EDIT_SEED = 15     # fixed, so that every model and every report is measured on the same copies
 
 GREETINGS = ["Hi,", "Hello,", "Hey", "Hi team,", "Dear support,", "Good morning,", "hello?", "To whom it may concern,"]
 SIGN_OFFS = ["Thanks", "Thank you!", "Regards,\nSam", "Cheers", "Sent from my phone", "thx", "Best,\nA. Novak",
@@ -65,3 +67,12 @@ def perturb(text: str, rng: random.Random, pool: list[str], kinds: tuple[int, ..
         else:
             text = f"{text} {rng.choice(sentences(rng.choice(pool)) or pool)}"
     return text
+
+
+def same_meaning_copies(texts: list[str], copies: int = EDIT_COPIES, seed: int = EDIT_SEED) -> list[str]:
+    """`copies` copies of each text in order (all of text 0's first), each with one to three `SAME_MEANING`
+    edits. Both measures of "does the answer survive" (`pagoda laya-mini eval` and a student report's teacher
+    row) draw them here, so for one file they edit the same copies; their figures differ only by the questions
+    asked (the eval asks the README's billing questions, a report its task's)."""
+    rng = random.Random(seed)
+    return [perturb(x, rng, texts, SAME_MEANING) for x in texts for _ in range(copies)]

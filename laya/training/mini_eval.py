@@ -23,7 +23,6 @@ are the checkpoint's own. The baseline is `laya.training.similarity.Cosine` (als
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -42,8 +41,6 @@ from laya.training.similarity import Cosine
 
 ECE_BINS = 10            # 74 tickets: 15 bins would leave most bins with a handful of items
 GOAL_MARGIN = 0.03       # issue 15: held-out-label accuracy >= baseline + 3 points
-EDIT_COPIES = 2          # edited copies per ticket for the self-agreement figure (fixed seed EDIT_SEED)
-EDIT_SEED = 15
 WORST_INTENTS = 3        # per held-out set, the intents printed where laya-mini trails the baseline most
 
 
@@ -152,10 +149,8 @@ def ticket_rows(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[st
     rendered = [f"{k}: {v}" for k, v in crit.items()]   # what the option reads as in laya's row
     keys = list(crit)
     texts = [t["text"] for t in tickets]
-    rng = random.Random(EDIT_SEED)
-    edited = _answers(agent, [(noise.perturb(x, rng, texts, noise.SAME_MEANING), questions)
-                              for x in texts for _ in range(EDIT_COPIES)])
-    clean = [a for a in ans for _ in range(EDIT_COPIES)]
+    edited = _answers(agent, [(x, questions) for x in noise.same_meaning_copies(texts)])
+    clean = [a for a in ans for _ in range(noise.EDIT_COPIES)]
     rows = {"department_hit": np.array([d["choice"] == t["department"] for d, t in zip(dept, tickets)], dtype=float),
             "department_conf": np.array([max(d["probabilities"].values()) for d in dept]),
             "department_cosine_hit": np.array([keys[cosine.choose(t["text"], rendered)] == t["department"]
@@ -259,7 +254,7 @@ def _ticket_lines(t: dict[str, Any], title: str) -> list[str]:
             "(after calibration)",
             _ece_context(t["department_ece10_by_chance"], t["n"]),
             "  log loss of the gold answer: " + ", ".join(f"{k} {v:.3f}" for k, v in t["nll"].items()),
-            f"  answer unchanged under meaning-keeping edits ({EDIT_COPIES} per ticket): "
+            f"  answer unchanged under meaning-keeping edits ({noise.EDIT_COPIES} per ticket): "
             + ", ".join(f"{k} {v:.3f}" for k, v in t["self_agreement_under_edits"].items())]
 
 

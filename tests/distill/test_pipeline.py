@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from distill_support import HANDWRITTEN, N_TICKETS, ROOT, TASK, pagoda, torch_th
 from distill import labels as L
 from distill.task import parse_task
 from laya.calibration import clamp_temperature, ece, metrics
+from laya.corpus import noise
 
 
 def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
@@ -238,6 +240,22 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
         assert {k: got[k] for k in want} == want, q
         assert got["agreement_teacher_right"] == pytest.approx(np.mean([s[i] == t[i] for i in right]), abs=1e-9), q
     assert "| disagreements: student / teacher / neither right |" in (student_dir / "report.md").read_text()
+
+    # The teacher's agreement with itself: its answer on each row against its answers on edited copies of it,
+    # drawn as `pagoda laya-mini eval` draws them (two per row, the fixed seed, meaning-keeping edits only).
+    rng = random.Random(noise.EDIT_SEED)
+    copies = [noise.perturb(x, rng, texts, noise.SAME_MEANING) for x in texts for _ in range(noise.EDIT_COPIES)]
+    assert sum(c != x for c, x in zip(copies, np.repeat(texts, noise.EDIT_COPIES))) > len(rows)
+    with torch_threads(1):
+        edited = laya.load(str(distill_inputs["teacher"])).predict_batch(copies, task.questions, batch_size=16)
+    for q in task.questions:
+        want = float(np.mean([top(e["answers"][q]) == top(teacher[i // noise.EDIT_COPIES]["answers"][q])
+                              for i, e in enumerate(edited)]))
+        assert other["teacher_unchanged_under_edits"][q] == pytest.approx(want, abs=1e-9), q
+    name = Path(report["teacher"]["path"]).name
+    line = (f"| teacher ({name}) | urgency | {other['teacher_unchanged_under_edits']['urgency']:.3f} | — | — | — | "
+            f"{other['teacher']['urgency']['acc_gold']:.3f} | — | — |")
+    assert line in (student_dir / "report.md").read_text().splitlines()
 
 
 def test_an_export_past_its_tolerance_is_one_line_and_keeps_the_earlier_stages(distill_inputs, tmp_path):

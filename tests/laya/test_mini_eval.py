@@ -250,10 +250,10 @@ def test_self_agreement_counts_the_answers_an_edit_changes():
     agent, questions = laya.load(str(mini.ensure())), scenario("billing")[1]
     report = mini_eval.summarize_tickets(mini_eval.ticket_rows(agent, Cosine(), tickets))["self_agreement_under_edits"]
     texts = [t["text"] for t in tickets]
-    rng, same = random.Random(mini_eval.EDIT_SEED), {q: [] for q in questions}
+    rng, same = random.Random(noise.EDIT_SEED), {q: [] for q in questions}
     for text in texts:
         clean = agent.predict(text, questions)["answers"]
-        for _ in range(mini_eval.EDIT_COPIES):
+        for _ in range(noise.EDIT_COPIES):
             edited = agent.predict(noise.perturb(text, rng, texts, noise.SAME_MEANING), questions)["answers"]
             for q in questions:
                 same[q].append(top_option(edited[q]) == top_option(clean[q]))
