@@ -431,6 +431,12 @@ class Front:
                     sent_head = True
                 else:
                     send(h11.Data(data=chunk))
+            # Closed before the end of the message goes out: a client that has read the whole answer and asks
+            # again at once must not find this request still holding its thread slot (serving/threads.py).
+            finished, response = response, None
+            close = getattr(finished, "close", None)
+            if close is not None:
+                close()
             if sent_head:
                 send(h11.EndOfMessage())
             else:

@@ -133,8 +133,9 @@ def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
     meanwhile gets 503 at once. (Under heavy load the two may not both be open in time: then try again.)"""
     body = {"messages": MSG, "max_tokens": 8000, "temperature": 0, "ignore_eos": True, "stream": True}
 
-    def hold(started: threading.Event) -> None:
+    def hold(started: threading.Event, statuses: list[int]) -> None:
         with requests.post(tight.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            statuses.append(r.status_code)
             lines = r.iter_lines(decode_unicode=True)
             next(line for line in lines if line)
             started.set()
@@ -143,16 +144,17 @@ def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
 
     for _attempt in range(3):
         t0 = time.monotonic()
-        holders = []
+        holders, statuses = [], []
         for _ in range(2):
             started = threading.Event()
-            holders.append(threading.Thread(target=hold, args=(started,)))
+            holders.append(threading.Thread(target=hold, args=(started, statuses)))
             holders[-1].start()
             assert started.wait(30)
         r = requests.post(tight.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 1}, timeout=30)
         in_time = time.monotonic() - t0 < 1.5  # both holders were surely still streaming
         for t in holders:
             t.join(60)
+        assert statuses == [200, 200], "a holder was refused: a finished stream still held its thread slot"
         if in_time:
             break
     assert in_time, "could not open two streams within 1.5 s"

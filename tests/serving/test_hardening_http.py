@@ -378,3 +378,56 @@ def test_streams_keep_working_beside_slow_clients(gen):
     finally:
         for s in slow:
             s.close()
+
+
+def test_a_stream_is_closed_before_its_client_has_read_the_end():
+    """A streamed answer's close() (which frees its thread slot, serving/threads.py) runs before the end of the
+    message goes out: a client that has read the whole stream and asks again at once must find the slot free.
+    The close here takes 0.3 s, so a front that sent the end first would let the client finish before it."""
+    import asyncio
+    import http.client
+
+    from serving.server import Front, Limits
+
+    closed = threading.Event()
+
+    class Body:
+        def __iter__(self):
+            yield b"data: 1\n\n"
+            yield b"data: [DONE]\n\n"
+
+        def close(self) -> None:
+            time.sleep(0.3)
+            closed.set()
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        return Body()
+
+    loop = asyncio.new_event_loop()
+    front = Front(app, Limits(8, 5.0, 5.0, 5.0, 5.0, 16384, 1 << 20), 2, loop, multiprocess=False)
+    server = loop.run_until_complete(asyncio.start_server(front.connection, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/stream")
+        response = conn.getresponse()
+        assert response.read() == b"data: 1\n\ndata: [DONE]\n\n"
+        assert closed.is_set()
+        conn.close()
+    finally:
+        async def shut() -> None:
+            for _ in range(100):  # the client closed: its connection task sees EOF and ends
+                if not front.open:
+                    break
+                await asyncio.sleep(0.05)
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(shut(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        front.pool.shutdown(wait=True)
+        loop.close()
