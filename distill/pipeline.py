@@ -70,15 +70,22 @@ def resolve_teacher(teacher: str) -> Path:
 
 
 def teacher_fingerprint(path: Path) -> str:
-    """Its folder plus a digest of its config and weights: a teacher rebuilt in place (`make model` after a new
-    head, temperatures refitted) must not have its old labels resumed as if they were its own."""
+    """Its folder plus a digest of what sets its answers, config and weights: a teacher rebuilt in place (`make
+    model` after a new head, temperatures refitted) must not have its old labels resumed as if they were its own.
+    laya-mini's `laya_mini` block is left out: it records how the head was made (recipes, run folders), which
+    `make model` rewrites without changing an answer, and labels made before that must still resume."""
     import hashlib
+    import json
 
     h = hashlib.sha256()
-    for name in ("rl_agent_config.json", "model.safetensors"):
-        if (path / name).is_file():
-            with open(path / name, "rb") as f:
-                h.update(hashlib.file_digest(f, "sha256").digest())
+    config = path / "rl_agent_config.json"
+    if config.is_file():
+        answers_from = {k: v for k, v in json.loads(config.read_text()).items() if k != "laya_mini"}
+        h.update(json.dumps(answers_from, sort_keys=True).encode())
+    weights = path / "model.safetensors"
+    if weights.is_file():
+        with open(weights, "rb") as f:
+            h.update(hashlib.file_digest(f, "sha256").digest())
     return f"{path.resolve()}@{h.hexdigest()[:16]}"
 
 

@@ -182,6 +182,9 @@ def test_labels_of_a_teacher_rebuilt_in_place_are_not_resumed(student_dir, disti
     corpus = L.load_corpus(distill_inputs["data"], task)
     assert L.label(task, None, corpus, labels, teacher_id=before, progress=False) == 0      # the same teacher resumes
     config = json.loads((teacher / "rl_agent_config.json").read_text())
+    provenance = {**config, "laya_mini": {"fine_tune": {"out": "runs/elsewhere"}}}  # how it was made, not what it says
+    (teacher / "rl_agent_config.json").write_text(json.dumps(provenance, indent=3))
+    assert teacher_fingerprint(teacher) == before
     config["temperature"] = [t * 1.5 for t in config["temperature"]]
     (teacher / "rl_agent_config.json").write_text(json.dumps(config))
     assert teacher_fingerprint(teacher) != before
