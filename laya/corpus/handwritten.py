@@ -6,11 +6,10 @@ Three files under `datasets/`, written by hand for issue 15 and never produced b
 `handwritten_tickets_calib.jsonl` is laya-mini's calibration data. The second exists because temperatures
 fitted on the synthetic calib split alone (tickets answered ~97% right) sharpened the answers, and on
 natural text the same head is wrong more often: urgency there was overconfident (NLL 1.56 on the
-evaluation tickets). Neither is ever laya-mini training data. `handwritten_tickets_student.jsonl` is the
-student's text: its corpus takes it, and the calibration tickets' texts without their gold
+evaluation tickets). Neither is ever laya-mini training data. `handwritten_tickets_student.jsonl` is text
+only, no gold: the student's corpus takes it, and the calibration tickets' texts without their gold
 (`python -m distill.corpus --handwritten`), labelled by the teacher, because a student distilled on
-generated tickets alone learnt the generator rather than its teacher. Most of its rows also carry gold, which
-makes them fine-tuning data beside the training file (`training_tickets`). `handwritten_tickets_blind.jsonl` is a
+generated tickets alone learnt the generator rather than its teacher. `handwritten_tickets_blind.jsonl` is a
 second evaluation file, committed before any model answered it: the first one selected heads (rounds 2-5 of
 issue 15), so it is no longer a blind measure. The files share no text, the student file no near-copy of an
 evaluation ticket, and the blind file no near-copy of any other file's text (tests check all three).
@@ -49,10 +48,9 @@ def default_tickets(name: str = EVAL_FILE) -> Path:
     return root / "datasets" / name
 
 
-def read_tickets(path: Path, flag: str = "--tickets", labelled_only: bool = False) -> list[dict[str, Any]]:
+def read_tickets(path: Path, flag: str = "--tickets") -> list[dict[str, Any]]:
     """`{"id", "text", "department", "department5", "urgency", "churn"}` per line; `flag` names the option a
-    missing file came from. `labelled_only`: rows without gold are skipped (the student file gives gold only to
-    the texts training may read)."""
+    missing file came from."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: file not found: {path}")
@@ -61,8 +59,6 @@ def read_tickets(path: Path, flag: str = "--tickets", labelled_only: bool = Fals
         if not line.strip():
             continue
         t = json.loads(line)
-        if labelled_only and "department" not in t:
-            continue
         for key, kind in (("text", str), ("department", str), ("urgency", int), ("churn", bool)):
             if not isinstance(t.get(key), kind):
                 raise ValueError(f"{path}:{i}: field {key!r} must be a {kind.__name__}, got {t.get(key)!r}")
@@ -70,14 +66,6 @@ def read_tickets(path: Path, flag: str = "--tickets", labelled_only: bool = Fals
     if not out:
         raise ValueError(f"{path}: no tickets")
     return out
-
-
-def training_tickets() -> list[dict[str, Any]]:
-    """The natural tickets laya-mini fine-tunes on: the training file, and the student texts that carry gold.
-    A student text gets none when it shares over 40% of its words with a ticket of a file that judges or
-    calibrates heads (the rule the training file was written under; tests check it)."""
-    return (read_tickets(default_tickets(TRAIN_FILE), "--mix handwritten")
-            + read_tickets(default_tickets(STUDENT_FILE), "--mix handwritten", labelled_only=True))
 
 
 def examples(tickets: list[dict[str, Any]]) -> list[dict[str, Any]]:

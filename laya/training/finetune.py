@@ -262,7 +262,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.mix.get("handwritten"):
         from laya.corpus import handwritten
 
-        tickets = handwritten.training_tickets()
+        tickets = handwritten.read_tickets(handwritten.default_tickets(handwritten.TRAIN_FILE))
         by_source["handwritten"] = [it for i, ex in enumerate(handwritten.examples(tickets))
                                     for it in items_from_example(ex, f"handwritten:{i}")]
     names = [n for n, w in cfg.mix.items() if w > 0]

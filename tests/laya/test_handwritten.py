@@ -95,26 +95,3 @@ def test_outside_a_checkout_the_error_says_what_to_do(monkeypatch):
         handwritten.default_tickets()
     with pytest.raises(FileNotFoundError, match="--no-calib-tickets"):
         handwritten.calib_examples()
-
-
-def test_student_texts_carry_gold_exactly_where_training_may_read_them():
-    """Gold on a student text makes it laya-mini training data (`handwritten.training_tickets`), so it goes only on
-    texts sharing at most 40% of their words with every ticket of a file that judges or calibrates heads (the
-    training file's rule); the few above that line stay text only, for the student's corpus."""
-    import re
-
-    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
-    judged = [words(t["text"]) for name in (handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE,
-                                            handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.TRAIN_FILE)
-              for t in handwritten.read_tickets(handwritten.default_tickets(name))]
-    path = handwritten.default_tickets(handwritten.STUDENT_FILE)
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    gold = {t["id"] for t in handwritten.read_tickets(path, labelled_only=True)}
-    assert len(gold) >= 500
-    for row in rows:
-        a = words(row["text"])
-        near = any(len(a & b) > 0.4 * len(a | b) for b in judged)
-        assert (row["id"] in gold) is not near, row
-    train = handwritten.training_tickets()
-    assert len(train) == len(handwritten.read_tickets(handwritten.default_tickets(handwritten.TRAIN_FILE))) + len(gold)
-    assert {t["department5"] for t in train} == {"billing", "technical", "shipping", "account", "other"}
