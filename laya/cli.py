@@ -171,6 +171,7 @@ def _register_train(commands: Any) -> None:
     p.add_argument("--precision", default=d.precision,
                    help="fp32 (default) or bf16: the forward under bf16 autocast (a CPU with AMX or AVX512-BF16, "
                         "or a GPU); weights, gradients and the optimizer stay fp32")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs)")
     p.set_defaults(func=_train)
 
 
@@ -187,7 +188,7 @@ def _train(args: argparse.Namespace) -> int:
                       save_every=args.save_every, resume=args.resume, stop_at=args.stop_at, threads=args.threads,
                       device=args.device, precision=args.precision)
     try:
-        summary = train(cfg)
+        summary = train(cfg, progress=not args.no_progress)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda train: error: {exc}", file=sys.stderr)
         return 2
@@ -274,6 +275,7 @@ def _register_mini(commands: Any) -> None:
                         "(the synthetic split), intents, handwritten (default: all)")
     f.add_argument("--head-dir", default="", help="also write the committed head here (laya/training/mini_head "
                                                   "replaces the shipped one; `make model` then assembles it)")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar (logs)")
     f.set_defaults(func=_mini_finetune)
 
     s = sub.add_parser("soup", help="average finished laya-mini checkpoints (e.g. two fine-tunes of one parent) "
@@ -385,7 +387,8 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
                              label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
                              calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets))
-        summary = soup(cfg, seeds) if seeds is not None else finetune(cfg)
+        progress = not args.no_progress
+        summary = soup(cfg, seeds, progress=progress) if seeds is not None else finetune(cfg, progress=progress)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini finetune: error: {exc}", file=sys.stderr)
         return 2

@@ -198,3 +198,21 @@ def test_zero_steps_refit_only_the_temperatures_and_the_head_digest_follows_them
     cfg.calib_sources, cfg.out, cfg.head_dir = ["tickets", "reviews"], str(tmp_path / "ft2"), ""
     finetune(cfg, progress=False)
     assert not any(handwritten.SOURCE in line for line in (tmp_path / "ft2" / "calib.jsonl").read_text().splitlines())
+
+
+@pytest.mark.parametrize("argv, progress", [([], True), (["--no-progress"], False)])
+def test_no_progress_reaches_the_run(argv, progress, laya_tiny_bert, tmp_path, monkeypatch):
+    """`--no-progress` keeps a log free of progress bars (a 23-minute `make model-finetune` writes thousands)."""
+    import laya.training.finetune as ft
+    from serving.cli import main
+
+    seen = {}
+
+    def fake(cfg, progress=True):
+        seen["progress"] = progress
+        return {"steps": cfg.steps, "threads": 1, "times_s": {"train": 0.0, "total": 0.0},
+                "calib": {"ece15_before": 0.0, "ece15_after": 0.0}}
+
+    monkeypatch.setattr(ft, "finetune", fake)
+    assert main(["laya-mini", "finetune", "--init", laya_tiny_bert, "--out", str(tmp_path / "out"), *argv]) == 0
+    assert seen == {"progress": progress}
