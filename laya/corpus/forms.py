@@ -96,12 +96,9 @@ def ticket_questions(t: dict, rng: random.Random, pool: tuple[str, ...]) -> list
         k = rng.randint(1, min(5, len(others)))
         chosen = rng.sample(others, k)
         if dept != "other" and "other" in pool and rng.random() < 0.25:
-            # The gold department is absent and a catch-all is present: the answer is the catch-all, except that
-            # an account that is failing (sign-in, reset codes, lockouts) is a system error when a technical option
-            # is offered, as every hand-labelled ticket file has it; account requests stay with the catch-all.
+            # The gold department is absent and a catch-all is present: the answer is the catch-all.
             chosen = [d for d in chosen if d != "other"][: max(1, k - 1)] + ["other"]
-            failing = dept == "account" and t.get("kind") in ("fault", "blocking")
-            gold = "technical" if failing and "technical" in chosen else "other"
+            gold = "other"
         else:
             chosen.append(dept)
             gold = dept
