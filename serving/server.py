@@ -434,9 +434,7 @@ class Front:
             # Closed before the end of the message goes out: a client that has read the whole answer and asks
             # again at once must not find this request still holding its thread slot (serving/threads.py).
             finished, response = response, None
-            close = getattr(finished, "close", None)
-            if close is not None:
-                close()
+            _close(finished)
             if sent_head:
                 send(h11.EndOfMessage())
             else:
@@ -457,9 +455,7 @@ class Front:
                     pass
             return False
         finally:
-            close = getattr(response, "close", None)
-            if close is not None:
-                close()
+            _close(response)
         return not self.stopping
 
     def _response_head(self, started: list) -> h11.Response:
@@ -535,6 +531,13 @@ class Front:
             pass
         finally:
             writer.close()
+
+
+def _close(response: Any) -> None:
+    """WSGI: the server calls the iterable's close(), if it has one, once it is done with it."""
+    close = getattr(response, "close", None)
+    if close is not None:
+        close()
 
 
 def _no_write(data: bytes) -> None:
