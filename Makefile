@@ -127,7 +127,7 @@ $(REFVENV)/bin/python:
 # (0.932 / 0.919 / 0.946 int8 on the round-6 teacher) and on the two dev files (datasets/handwritten_tickets_dev.jsonl:
 # 0.937 / 0.873 / 0.975; _dev2.jsonl: 0.958 / 0.865 / 0.969). Not on the blind tickets: a build must not spend them
 # (docs/distill.md gives the command that measured them once). 24,000 tickets since Dec 5 (6,000 before: 8 fewer of the
-# 747 hand-written answers agreed; docs/distill.md, "More generated tickets").
+# 747 hand-written answers agreed, 1 fewer against a build on another split: docs/distill.md, "More generated tickets").
 # About 50 minutes on 2 idle CPU cores, 12 of them labelling. Rerunning resumes; another corpus needs a fresh output folder (the labels say so).
 STUDENT_TICKETS ?= 24000
 STUDENT_UTTERANCES ?= 2000
