@@ -138,12 +138,15 @@ def test_bad_file_and_config(tmp_path, laya_tiny_bert):
         TrainConfig(data="x", out="y", init="z", batch_size=0).validate()
 
 
-def test_cli(laya_tiny_bert, data, tmp_path, capsys):
+@pytest.mark.parametrize("argv, bar", [([], True), (["--no-progress"], False)])
+def test_cli(argv, bar, laya_tiny_bert, data, tmp_path, capsys):
     from serving.cli import main
 
     assert main(["train", "--data", data, "--init", laya_tiny_bert, "--out", str(tmp_path / "cli"), "--max-steps", "2",
-                 "--batch-size", "4", "--threads", "1", "--max-len", "64", "--head-max-len", "48"]) == 0
-    assert json.loads(capsys.readouterr().out)["steps"] == 2
+                 "--batch-size", "4", "--threads", "1", "--max-len", "64", "--head-max-len", "48", *argv]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["steps"] == 2
+    assert ("2/2" in out.err) is bar  # the progress bar's count, on stderr, only without --no-progress
     assert Path(tmp_path / "cli" / "model.safetensors").is_file()
 
 
