@@ -52,7 +52,7 @@ model-scratch: install
 	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) \
 	  --precision $(MODEL_PRECISION) --figures docs/img
 
-# model-finetune remakes the shipped head (round 6, docs/laya-mini.md) from its parents in git history: the round-4
+# model-finetune remakes the shipped head (round 6, docs/laya-mini-log.md) from its parents in git history: the round-4
 # head of 7a5ae0e (FINETUNE_FROM) assembled on the installed encoder, one `pagoda laya-mini finetune --seeds 6,7,8`
 # stage on it (three runs of 600 steps that train all six encoder layers, the synthetic sources only the top 4, their
 # targets smoothed, the cosine-teacher KL at 10 on real intents, the hand-written training tickets at 0.10 of the
@@ -65,7 +65,7 @@ model-scratch: install
 # an AMD EPYC Zen 4. The stages that made the parents: `git show 7a5ae0e:Makefile`, `git show a74ad9b:Makefile`.
 FINETUNE_FROM ?= 7a5ae0e
 FINETUNE_SOUP_WITH ?= a74ad9b
-# FINETUNE_MIX=...: the stage's sources (docs/laya-mini.md: R6 = handwritten 0.15, not shipped)
+# FINETUNE_MIX=...: the stage's sources (docs/laya-mini-log.md: R6 = handwritten 0.15, not shipped)
 FINETUNE_MIX := intents=0.35,tickets=0.45,reviews=0.05,dialogs=0.05,handwritten=0.10
 model-finetune: install
 	rm -rf runs/laya-mini-prev-head runs/laya-mini-round5-head && mkdir -p runs/laya-mini-prev-head runs/laya-mini-round5-head

@@ -208,7 +208,7 @@ def calib_file(cfg: FinetuneConfig, corpus: dict[str, list[dict]], path: Path) -
     drawn with the seed `pagoda laya-mini build` uses for them, plus the hand-written calibration tickets;
     `calib_sources` keeps only some. Why keep only natural text (intents, handwritten): the synthetic split is
     most of the file and the head answers it ~97% right, so a fit on it sharpens the temperatures that then
-    serve natural text, where the head is wrong far more often (docs/laya-mini.md, Dec 5)."""
+    serve natural text, where the head is wrong far more often (docs/laya-mini-log.md, Dec 5)."""
     from laya.corpus import handwritten
     from laya.training.mini import MiniSpec, intent_examples
 

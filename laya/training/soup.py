@@ -1,7 +1,7 @@
 """A uniform model soup of laya-mini fine-tunes: one run of a recipe per seed, their weights averaged
 (`pagoda laya-mini finetune --seeds 6,7,8`).
 
-Why average rather than pick a seed: on the 6-layer recipe (docs/laya-mini.md, Dec 5) one seed's run moves the
+Why average rather than pick a seed: on the 6-layer recipe (docs/laya-mini-log.md, Dec 5) one seed's run moves the
 summed ticket log loss between 1.38 and 1.47 and seed 8 loses acceptance sentence 2, so a single run is partly a
 draw. The members start from one checkpoint and train the same recipe, so their weights stay close enough that
 the average is itself a good model (Wortsman et al., "Model soups", 2022) and keeps what the seeds agree on: the
@@ -116,7 +116,7 @@ def soup_checkpoints(members: list[Path], out: Path, head_dir: str = "") -> dict
     """Average finished laya-mini checkpoints into `out` and refit its temperatures (`pagoda laya-mini soup`).
 
     Why a second way in: the shipped round 6 is the mean of two soups from one parent, round 5's mix and the same
-    recipe with the natural training tickets in the mix (docs/laya-mini.md). Each alone lost something the other
+    recipe with the natural training tickets in the mix (docs/laya-mini-log.md, round 6). Each alone lost something the other
     kept (acceptance sentence 1; 10 points of department on natural text); both are already trained, so this
     averages checkpoints rather than training members. The temperatures are fitted on the calib rows of the
     members that carry them (a fine-tune writes `calib.jsonl`; an assembled checkpoint has none), pooled."""
