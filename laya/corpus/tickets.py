@@ -9,7 +9,7 @@ not, because triage does not read it that way: every ticket has the urgency its 
 a cue may override. A problem that stops work ("nobody can log in", or told by its impact alone:
 "checkout fails for all of our customers. We can't take any orders.") is blocking, a fault (a wrong
 charge, a damaged parcel, a broken feature) is "soon", an inquiry is "not urgent", and a churn
-threat that presses for a fix ("... or we cancel") makes a ticket at least "soon"; a plain intent to leave does not. Half the tickets whose urgency is the implied one say nothing
+threat makes a ticket at least "soon". Half the tickets whose urgency is the implied one say nothing
 about time; any other urgency is always said. (The first version drew urgency independently of the
 text, so "refund or we cancel" answered 0.0; the second still made every uncued ticket "not
 urgent", so a wrong charge read as calm unless the customer asked for speed.)
@@ -244,37 +244,27 @@ _IMPACT_CONSEQUENCES = ("We can't take any orders.", "Customers can't check in."
                         "Nobody can do their job.", "Our customers are stuck at the counter.",
                         "Patients are waiting in the lobby.", "Every sale is lost.", "")
 
-# Churn threats come in two kinds, because triage reads them two ways. A pressing threat is leverage to get this
-# problem fixed ("refund it or we cancel"): the ticket is at least "soon" even with no word about time. A plain
-# intent to leave or cancel ("We will not renew.", "Close my account.", "If this happens again we cancel.") presses
-# for nothing, so the ticket keeps the urgency its problem implies: with a question it is "not urgent", as the
-# hand-labelled tickets are ("Thinking about cancelling when my plan ends ..." = 0). A generator that made every
-# threat at least "soon" contradicted them, and a head trained on both spread "not urgent" over every threat.
-_CHURN_PRESSING = (
+_CHURN_CUES = (
     "or we will cancel our plan.", "If this is not fixed we are switching to a competitor.",
-    "Otherwise I will close my account.", "I want to cancel if this cannot be solved.",
-    "Please cancel my membership if you can't help.", "I will not renew next month unless this is fixed.",
+    "I'm seriously thinking about cancelling my subscription.", "Otherwise I will close my account.",
+    "One more problem like this and we are leaving.", "I want to cancel if this cannot be solved.",
+    "We are evaluating other providers because of this.", "Please cancel my membership if you can't help.",
+    "I will not renew next month unless this is fixed.", "Honestly I'm done with this service.",
     "or we cancel.", "or I cancel.", "or we're cancelling.", "or I'm out.", "or we leave.", "otherwise we cancel.",
     "or we'll cancel the subscription.", "or we switch providers.", "otherwise I'm closing my account.",
-    "or I will cancel my membership.", "Our team will drop the product if this continues.",
-    "Going to unsubscribe if nobody answers.", "Fix it or we walk.", "Unless this is sorted we are leaving.",
-)
-_CHURN_PLAIN = (
-    "I'm seriously thinking about cancelling my subscription.", "One more problem like this and we are leaving.",
-    "We are evaluating other providers because of this.", "Honestly I'm done with this service.",
+    "or I will cancel my membership.",
     "I want to cancel my account.", "Please cancel my subscription, I'm done.", "Close my account.",
     "We're moving to another vendor.", "I'm switching to a competitor.", "We will not renew.",
     "This is the last straw, we're leaving.", "I'll take my business elsewhere.", "Time to look for another service.",
     "If this happens again we cancel.", "We're seriously considering other options.", "I'm about to cancel.",
     "Cancel everything and refund me.", "I regret signing up and want out.", "We are done with your service.",
-    "I want to end my contract.", "I plan to cancel my plan at the end of the month.", "Terminate my account, please.",
-    "I'm leaving for good.", "I need to cancel my account.", "We have to cancel our subscription.",
-    "I need to close my account.", "We need to cancel the plan.", "Please close our account and stop billing us.",
-    "I want out of the contract.", "I'd like to cancel and get my money back.",
-    "We won't be extending once this term is up.", "Our plan is to move elsewhere after the summer.",
-    "Looking at alternatives for next quarter.",
+    "I want to end my contract.", "Our team will drop the product if this continues.",
+    "I plan to cancel my plan at the end of the month.", "Terminate my account, please.",
+    "Going to unsubscribe if nobody answers.", "I'm leaving for good.",
+    "I need to cancel my account.", "We have to cancel our subscription.", "I need to close my account.",
+    "We need to cancel the plan.", "Please close our account and stop billing us.", "I want out of the contract.",
+    "I'd like to cancel and get my money back.",
 )
-_CHURN_CUES = _CHURN_PRESSING + _CHURN_PLAIN
 
 _SENTIMENT_CUES: tuple[tuple[str, ...], ...] = (
     ("This is really frustrating.", "I'm very disappointed.", "Terrible experience so far.",
@@ -347,8 +337,6 @@ def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> di
     """One ticket: text plus its gold labels, drawn from `rng`."""
     department = rng.choice(departments)
     churn = rng.random() < 0.3
-    churn_cue = rng.choice(_CHURN_CUES) if churn else ""
-    pressing = churn_cue in _CHURN_PRESSING
     sentiment = rng.choices((0, 1, 2), weights=(0.5, 0.35, 0.15) if churn else (0.3, 0.45, 0.25))[0]
     register = rng.choice(("formal", "casual", "casual", "terse"))
     blocking = bool(_BLOCKING.get(department)) and rng.random() < 0.15
@@ -367,7 +355,7 @@ def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> di
                 problem.append(extra)
         urgency = rng.choices((0, 1, 2), weights=(0.45, 0.35, 0.2))[0]
         implied = 1 if fault else 0
-        if pressing:   # a pressing threat makes a ticket at least "soon" even with no word about time
+        if churn:   # a churn threat makes a ticket at least "soon" even with no word about time
             implied = 1
             if urgency == 0 and rng.random() < 0.9:
                 urgency = 1
@@ -382,7 +370,7 @@ def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> di
     elif stated is not None:
         parts.insert(rng.randrange(1, len(parts) + 1), rng.choice(_URGENCY_CUES[stated]))
     if churn:
-        cue = churn_cue
+        cue = rng.choice(_CHURN_CUES)
         if cue.startswith(("or ", "otherwise")):  # "... today or we cancel": glued to the previous sentence
             parts[-1] = parts[-1].rstrip(".!") + rng.choice((", ", " ")) + cue
         else:
@@ -407,8 +395,7 @@ def ticket(rng: random.Random, departments: tuple[str, ...] = DEPARTMENTS) -> di
     body = _typos(body, rng, rate=rng.choice((0.0, 0.0, 0.03, 0.08)))
     text = rng.choice(("\n", " ")).join(p for p in (greeting, body, signoff) if p)
     return {"text": text, "department": department, "urgency": urgency, "churn": churn,
-            "sentiment": SENTIMENTS[sentiment], "register": register, "kind": kind, "urgency_said": stated is not None,
-            "churn_pressing": pressing}
+            "sentiment": SENTIMENTS[sentiment], "register": register, "kind": kind, "urgency_said": stated is not None}
 
 
 def generate(n: int, seed: int, departments: tuple[str, ...] = DEPARTMENTS) -> list[dict]:
@@ -416,8 +403,7 @@ def generate(n: int, seed: int, departments: tuple[str, ...] = DEPARTMENTS) -> l
 
     Each is `{"text", "department", "urgency" (0..2, index into URGENCY_LEVELS), "churn" (bool),
     "sentiment" (one of SENTIMENTS), "register", "kind" ("blocking", "fault" or "inquiry": the urgency the
-    problem implies, 2, 1 or 0), "urgency_said" (False: no cue, the urgency is the implied one), "churn_pressing"
-    (the threat presses for a fix, which makes the implied urgency at least 1)}`. Pass `HELDOUT_DEPARTMENTS` (or a mix) to get
+    problem implies, 2, 1 or 0), "urgency_said" (False: no cue, the urgency is the implied one)}`. Pass `HELDOUT_DEPARTMENTS` (or a mix) to get
     tickets from departments the default training never sees.
     """
     if n < 0:
