@@ -42,6 +42,10 @@ def register(commands: Any, bench: Any) -> None:
     b.add_argument("--data", default=None, help="states to time (.jsonl with the task's text field); default: "
                                                 "64 synthetic support tickets")
     b.add_argument("--singles", type=int, default=200, help="timed batch-1 calls per configuration")
+    b.add_argument("--defer-below", default=None, metavar="T",
+                   help="also time the int8 student with its answers under T (a number or QUESTION=NUMBER,...) "
+                        "deferred to the teacher, and print its agreement with the teacher and the share deferred "
+                        "on --data (docs/distill.md, deferring)")
     b.set_defaults(func=_bench)
 
 
@@ -91,6 +95,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     path = Path(args.student)
     student = Student(path)
+    if args.defer_below is not None:
+        from distill.deferral import parse_below
+
+        try:
+            parse_below(args.defer_below, student.questions, "--defer-below")
+        except ValueError as exc:
+            print(f"pagoda bench distill: error: {exc}", file=sys.stderr)
+            return 2
     states = _states(args, "text")
     cores = os.cpu_count() or 1
     rows: dict[str, dict[str, dict[str, float]]] = {}
@@ -111,6 +123,19 @@ def _bench(args: argparse.Namespace) -> int:
                                                        singles=max(10, args.singles // 10), batches=2),
                            f"{cores} threads": teacher_latency(source, student.questions, cores, states, budgets,
                                                                singles=max(10, args.singles // 10), batches=2)}
+    fidelity = None
+    if args.defer_below is not None:
+        if "teacher" not in rows:
+            print("pagoda bench distill: error: --defer-below needs a teacher (--teacher, or the student's "
+                  "recorded one)", file=sys.stderr)
+            return 2
+        from distill.latency import deferral_latency
+
+        name = "int8 deferred"
+        rows[name] = {}
+        for tname, n in (("1 thread", 1), (f"{cores} threads", cores)):
+            rows[name][tname], fidelity = deferral_latency(path, source, args.defer_below, n, states,
+                                                           singles=args.singles)
     base_name = "teacher" if "teacher" in rows else next(iter(rows))
     print(f"states: {len(states)}; ms per state; x = baseline ({base_name}) time / this time, same process, "
           "same thread count (shared machine: absolute numbers are noisy, ratios less so); cpu = process CPU "
@@ -123,4 +148,9 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"{name:<14} {tname:<10} {lat['b1_p50']:8.2f} {lat['b1_p99']:8.2f} {lat['b1_cpu_p50']:8.2f} "
                   f"{lat['b32_p50']:8.2f} {base['b1_p50'] / lat['b1_p50']:6.1f}x "
                   f"{base['b1_cpu_p50'] / lat['b1_cpu_p50']:6.1f}x {base['b32_p50'] / lat['b32_p50']:6.1f}x")
+    if fidelity:
+        print(f"int8 deferred: the int8 student, its answers under {args.defer_below} given by the teacher; per "
+              "question: agreement with the teacher / share of answers the teacher gave, on these states")
+        for q, f in fidelity.items():
+            print(f"  {q:<14} {f['agreement']:.3f} / {f['deferred']:.2f}")
     return 0

@@ -65,3 +65,17 @@ def disagreements_vs_gold(student: np.ndarray, teacher: np.ndarray, gold: np.nda
             "teacher_right": int((differ & right).sum()), "neither": int((differ & (s != g) & ~right).sum()),
             "teacher_right_rows": int(right.sum()),
             "agreement_teacher_right": float((s[right] == t[right]).mean()) if right.any() else float("nan")}
+
+
+DEFER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def deferral_curve(student: np.ndarray, teacher: np.ndarray,
+                   thresholds: tuple[float, ...] = DEFER_THRESHOLDS) -> list[dict[str, float]]:
+    """Per threshold: the agreement with the teacher once every answer whose top probability is under it goes
+    to the teacher (`distill.deferral`), and the share of answers that does. The top probability is rounded to 4
+    decimals, as `answer_confidence` is where the runtime compares it."""
+    agree = student.argmax(-1) == teacher.argmax(-1)
+    top = np.round(student.max(-1), 4)
+    return [{"threshold": t, "agreement": float((agree | (top < t)).mean()), "deferred": float((top < t).mean())}
+            for t in thresholds]

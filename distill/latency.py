@@ -71,3 +71,34 @@ def teacher_latency(teacher: str | None, questions: dict, threads: int, states: 
                        lambda ss: agent.predict_batch(ss, questions, batch_size=32, **b), states, **kw)
     finally:
         torch.set_num_threads(before)
+
+
+def deferral_latency(path, teacher: str | None, below: Any, threads: int, states: list[str],
+                     **kw: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The student with its unsure answers deferred to `teacher` (`distill.deferral`), both at `threads`:
+    (latency as `measure` gives it, per question {agreement with the teacher alone, share deferred} on `states`).
+
+    At batch 1 a state either stays on the student or also waits for the teacher, so p50 and p99 part ways;
+    the batch-32 figure is the mean cost per state."""
+    import torch
+
+    import laya
+    from distill.deferral import Deferral, parse_below
+    from distill.runtime import Student
+    from laya.answers import top_option
+
+    s = Student(path, threads=threads)
+    agent = laya.load(teacher, threads=threads)
+    d = Deferral(agent, parse_below(below, s.questions, "--defer-below"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        given = s.predict_batch(states, defer=d)
+        told = agent.predict_batch(states, s.questions, **(s.meta.get("budgets", {}).get("teacher") or {}))
+        fidelity = {q: {"agreement": float(np.mean([top_option(g["answers"][q]) == top_option(t["answers"][q])
+                                                    for g, t in zip(given, told)])),
+                        "deferred": float(np.mean([q in g["usage"]["deferred_questions"] for g in given]))}
+                    for q in s.questions}
+        return measure(lambda x: s.predict(x, defer=d), lambda xs: s.predict_batch(xs, defer=d), states, **kw), fidelity
+    finally:
+        torch.set_num_threads(before)

@@ -58,7 +58,8 @@ def quality(probs: dict[str, np.ndarray], teacher: dict[str, np.ndarray], gold: 
                "agreement": fidelity.agreement(p, teacher[q]), "decisive_agreement": decisive,
                "decisive_share": share,
                "kl": fidelity.mean_kl(teacher[q], p),
-               "ece_teacher": fidelity.ece_vs_teacher(p, teacher[q])}
+               "ece_teacher": fidelity.ece_vs_teacher(p, teacher[q]),
+               "deferral": fidelity.deferral_curve(p, teacher[q])}
         if q in gold:
             row.update(vs_gold(p, gold[q]))
             row["vs_gold"] = fidelity.disagreements_vs_gold(p, teacher[q], gold[q])
@@ -212,6 +213,22 @@ def targets(report: dict) -> dict[str, dict]:
                 "op": op} for k, (v, op) in values.items()}
 
 
+def _deferral_table(students: dict[str, dict], qs: list[str]) -> list[str]:
+    """Agreement when the answers under a threshold are the teacher's (`distill.deferral`), int8 encoder only."""
+    m = students.get("encoder int8")
+    if not m or "deferral" not in m[qs[0]]:
+        return []
+    curve = {q: {c["threshold"]: c for c in m[q]["deferral"]} for q in qs}
+    lines = ["", "Deferring to the teacher (`pagoda serve --student ... --defer-below T`): the int8 student's "
+             "agreement when every answer whose `answer_confidence` is under T is the teacher's, and the share of "
+             "answers that goes to the teacher (agreement / share).", "",
+             "| T | " + " | ".join(qs) + " |", "| ---: | " + " | ".join("---:" for _ in qs) + " |"]
+    for t in curve[qs[0]]:
+        lines.append(f"| {t:g} | " + " | ".join(
+            f"{_fmt(curve[q][t]['agreement'])} / {_fmt(curve[q][t]['deferred'], '.2f')}" for q in qs) + " |")
+    return lines
+
+
 def render(task, report: dict, pngs: list[str], run) -> str:
     teacher_name = "teacher ({})".format(Path(report["teacher"]["path"]).name)
     rows = [(teacher_name, report["teacher"])] + list(report["students"].items())
@@ -283,6 +300,7 @@ def render(task, report: dict, pngs: list[str], run) -> str:
                 lines.append("| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} |".format(
                     model, q, _fmt(m["agreement"]), _fmt(m["decisive_agreement"]), _fmt(m["decisive_share"], ".2f"),
                     _fmt(m["kl"], ".4f"), _fmt(m["ece_teacher"]), _fmt(m.get("acc_gold")), split, right))
+        lines += _deferral_table(other["students"], qs)
     if report["targets"]:
         lines += ["", "## Targets (encoder int8)", "", "| target | value | goal | met |", "| --- | ---: | ---: | --- |"]
         for k, t in report["targets"].items():

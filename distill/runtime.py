@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from distill.deferral import Deferral, apply_deferral
 from distill.inputs import encode, load_tokenizer, normalise_words
 from laya.answers import answer, check_min_confidence, gate
 from laya.calibration import clamp_temperature, softmax
@@ -113,12 +114,14 @@ class Student:
                              field="questions")
         return names
 
-    def predict(self, state: Any, questions: Any = None, *, min_confidence: Any = None) -> dict[str, Any]:
-        return self.predict_batch([state], questions, min_confidence=min_confidence)[0]
+    def predict(self, state: Any, questions: Any = None, *, min_confidence: Any = None,
+                defer: Deferral | None = None) -> dict[str, Any]:
+        return self.predict_batch([state], questions, min_confidence=min_confidence, defer=defer)[0]
 
     def predict_batch(self, states: list[Any], questions: Any = None, *, batch_size: int = 32,
-                      min_confidence: Any = None) -> list[dict[str, Any]]:
-        """Answers as `laya` gives them; `min_confidence` gates on `answer_confidence` as laya does."""
+                      min_confidence: Any = None, defer: Deferral | None = None) -> list[dict[str, Any]]:
+        """Answers as `laya` gives them; `min_confidence` gates on `answer_confidence` as laya does, after `defer`
+        (`distill.deferral`) has handed the answers under its thresholds to the teacher."""
         if not isinstance(states, (list, tuple)):
             raise InputError(f"states: expected a list, got {type(states).__name__}", field="states")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -136,11 +139,14 @@ class Student:
             for n in names:
                 z = logits[i, self._heads[n]["offset"]:self._heads[n]["offset"] + self._heads[n]["size"]]
                 answers[n] = answer(self.parsed[n], softmax(z, self.temperatures[n]), None)
-            if threshold is not None:
-                gate(answers, threshold)
             u = dict(usage[i])
             u["truncated_questions"] = list(names) if u["truncated"] else []
             out.append({"model": f"student:{self.name}", "answers": answers, "usage": u})
+        if defer is not None:
+            apply_deferral(defer, list(states), out, self.questions, self.meta.get("budgets", {}).get("teacher"))
+        if threshold is not None:
+            for result in out:
+                gate(result["answers"], threshold)
         return out
 
     def logits(self, states: list[Any]) -> np.ndarray:

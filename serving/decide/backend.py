@@ -69,10 +69,11 @@ class StudentBackend:
 
     kind = "student"
 
-    def __init__(self, student: Any, name: str, threads: int | None = None):
+    def __init__(self, student: Any, name: str, threads: int | None = None, deferral: Any = None):
         self.student = student
         self.name = name
         self.threads = threads
+        self.deferral = deferral      # distill.deferral.Deferral: the Laya model that takes unsure answers
         self.default_questions = dict(student.questions)
 
     def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
@@ -102,7 +103,7 @@ class StudentBackend:
         return 1, max(1, min(unit.chars // 4, self.student.max_len))
 
     def run(self, units: list[StudentUnit]) -> list[dict]:
-        results = self.student.predict_batch([u.state for u in units])
+        results = self.student.predict_batch([u.state for u in units], defer=self.deferral)
         out = []
         for unit, result in zip(units, results):
             usage = dict(result["usage"])
@@ -114,8 +115,12 @@ class StudentBackend:
         return output
 
     def describe(self) -> dict:
-        return {"precision": self.student.precision, "backend": "onnxruntime",
-                "model_file": self.student.model_file.name, "threads": self.threads}
+        out = {"precision": self.student.precision, "backend": "onnxruntime",
+               "model_file": self.student.model_file.name, "threads": self.threads}
+        if self.deferral is not None:
+            out["defer_below"] = self.deferral.below
+            out["defer_to"] = self.deferral.teacher.engine.describe()
+        return out
 
     def caches(self) -> dict:
         return {}
@@ -128,12 +133,20 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
         models = json.loads((Path(cfg.student) / "student.json").read_text())["models"]
         student = Student(cfg.student, precision=student_precision(cfg.precision, models),
                           threads=cfg.torch_threads or None)
-        return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None)
+        deferral = None
+        if cfg.defer_below is not None:
+            from distill.deferral import Deferral, parse_below
+
+            deferral = Deferral(_load_laya(cfg), parse_below(cfg.defer_below, student.questions, "defer_below"))
+        return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None, deferral)
+    return LayaBackend(_load_laya(cfg), _model_name(cfg.model))
+
+
+def _load_laya(cfg: DecideConfig) -> Any:
     import laya
 
-    agent = laya.load(cfg.model, device=cfg.device, precision=cfg.precision, threads=cfg.torch_threads or None,
-                      question_cache_bytes=int(cfg.question_cache_mb * (1 << 20)))
-    return LayaBackend(agent, _model_name(cfg.model))
+    return laya.load(cfg.model, device=cfg.device, precision=cfg.precision, threads=cfg.torch_threads or None,
+                     question_cache_bytes=int(cfg.question_cache_mb * (1 << 20)))
 
 
 def _model_name(path: str | None) -> str:

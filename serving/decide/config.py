@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from distill.deferral import parse_below
 from laya.precision import PRECISION_ENV, PRECISIONS, check_device, requested_precision
 from serving.flags import Settings, option
 
@@ -21,6 +22,9 @@ SHIPPED_PRESETS = Path(__file__).with_name("presets.yaml")
 class DecideConfig(Settings):
     model: str | None = option(None, "Laya checkpoint folder (default: the embedded laya-mini)")
     student: str | None = option(None, "serve a distilled student folder instead of a Laya checkpoint")
+    defer_below: str | None = option(None, "with --student: the Laya model (--model, default laya-mini) answers "
+                                           "each answer whose answer_confidence is under this; one number for every "
+                                           "question or QUESTION=NUMBER,... (docs/distill.md, deferring)")
     device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
     torch_threads: int = option(0, "intra-op threads of the decision model per worker, torch or onnxruntime (0: the "
                                    "runtime's default)", minimum=0)
@@ -54,16 +58,23 @@ class DecideConfig(Settings):
                              "never be queued")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"{self.where('precision')} must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.model and self.student:
-            raise ValueError("give either --model or --student, not both")
-        if not self.student:      # a student runs on onnxruntime; the device is the Laya model's
+        if self.defer_below is not None and not self.student:
+            raise ValueError(f"{self.where('defer_below')} needs --student: it hands a student's unsure answers "
+                             "to the Laya model")
+        if self.model and self.student and self.defer_below is None:
+            raise ValueError("give either --model or --student, not both (or both with --defer-below: the student "
+                             "answers, the model takes its unsure answers)")
+        if not self.student or self.defer_below is not None:  # a student runs on onnxruntime; the device is laya's
             check_device(self.device, self.where("device"))
         for name in ("model", "student"):
             path = getattr(self, name)
             if path and not Path(path).is_dir():
                 raise ValueError(f"{self.where(name)} {path}: no such folder")
         if self.student and (Path(self.student) / "student.json").is_file():
-            student_precision(self.precision, json.loads((Path(self.student) / "student.json").read_text())["models"])
+            meta = json.loads((Path(self.student) / "student.json").read_text())
+            student_precision(self.precision, meta["models"])
+            if self.defer_below is not None:
+                parse_below(self.defer_below, meta["questions"], self.where("defer_below"))
 
 
 def student_precision(precision: str | None, models: dict) -> str | None:

@@ -96,5 +96,6 @@ class Service:
                            "model_error") from None
         results = [backend.finish(u, o) for u, o in zip(units, outputs)]
         self.metrics.observe_decisions(len(results), sum(len(r["answers"]) for r in results),
-                                       sum(r["usage"].get("input_tokens", 0) for r in results))
+                                       sum(r["usage"].get("input_tokens", 0) for r in results),
+                                       sum(len(r["usage"].get("deferred_questions", ())) for r in results))
         return results, pending.queue_ms

@@ -217,7 +217,18 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
     for q in task.questions:
         want = float(np.mean([top(s["answers"][q]) == top(t["answers"][q]) for s, t in zip(student, teacher)]))
         assert other["students"]["encoder int8"][q]["agreement"] == pytest.approx(want, abs=1e-9), q
-    assert "## Agreement on handwritten (74 rows" in (student_dir / "report.md").read_text()
+        # the deferral table: what `--defer-below 0.7` gives on this file, recomputed from the served answers
+        from distill.deferral import Deferral
+
+        with torch_threads(1):
+            given = Student(student_dir, precision="int8").predict_batch(
+                texts, [q], defer=Deferral(laya.load(str(distill_inputs["teacher"])), {q: 0.7}))
+        at = {c["threshold"]: c for c in other["students"]["encoder int8"][q]["deferral"]}[0.7]
+        assert at["deferred"] == pytest.approx(np.mean([g["usage"]["deferred_questions"] == [q] for g in given]))
+        assert at["agreement"] == pytest.approx(
+            np.mean([top(g["answers"][q]) == top(t["answers"][q]) for g, t in zip(given, teacher)]), abs=1e-9), q
+    text = (student_dir / "report.md").read_text()
+    assert "## Agreement on handwritten (74 rows" in text and "| 0.7 | " in text
 
     # Accuracy on the file's gold labels, `--eval-gold department=department5` naming the 5-way column.
     assert other["gold_columns"] == {"department": "department5", "urgency": "urgency", "churn": "churn"}
@@ -317,6 +328,21 @@ def test_bench_distill_prints_ratios_for_every_variant(student_dir):
     for name in ("encoder int8", "encoder fp32", "linear"):
         rows = [line for line in lines if line.startswith(name)]
         assert len(rows) == 2 and all(line.rstrip().endswith("x") for line in rows), rows
+
+
+def test_bench_distill_times_deferral_to_the_teacher(student_dir, distill_inputs):
+    """`--defer-below 1`: nearly every answer goes to the teacher, so agreement is ~1 and the share ~1; a bad
+    threshold is refused by name before anything is timed."""
+    proc = pagoda("bench", "distill", "--student", str(student_dir), "--teacher", str(distill_inputs["teacher"]),
+                  "--singles", "3", "--defer-below", "1")
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("int8 deferred")]
+    assert len(rows) == 3 and all(line.rstrip().endswith("x") for line in rows[:2]), proc.stdout
+    shares = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("  ")}
+    assert set(shares) == set(TASK["questions"])
+    assert all(float(v[1]) >= 0.9 and float(v[3]) >= 0.9 for v in shares.values()), shares
+    bad = pagoda("bench", "distill", "--student", str(student_dir), "--defer-below", "churn=2", check=False)
+    assert bad.returncode == 2 and "--defer-below: churn: must be a number in [0, 1]" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 

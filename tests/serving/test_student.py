@@ -89,3 +89,49 @@ def test_student_precision_names_one_of_its_models(monkeypatch, precision, env, 
     else:
         monkeypatch.setenv("PAGODA_PRECISION", env)
     assert student_precision(precision, models) == chosen
+
+
+def test_unsure_answers_go_to_the_laya_model(student, tmp_path):
+    """`--student DIR --model M --defer-below ...`: the answers under a question's threshold are the Laya
+    model's, each says who gave it, usage and /stats count them; the rest are the student's. The student's
+    department answers are never certain, so a threshold of 1 hands every one of them over."""
+    import laya
+    from distill.runtime import Student
+
+    folder, _ = student
+    server = ServerProcess(tmp_path / "defer.log", ["--student", str(folder), "--model", str(TINY_BERT),
+                                                    "--defer-below", "department=1,churn=0"]).running()
+    try:
+        local, teacher = Student(folder), laya.load(str(TINY_BERT), threads=1)
+        states = ["I was charged twice this month, refund me or I cancel.", "The site is down.", {"text": "hello"}]
+        r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
+        assert r.status_code == 200, r.text
+        for state, got in zip(states, r.json()["results"]):
+            mine = local.predict(state)["answers"]
+            theirs = teacher.predict(state, {"department": TASK["questions"]["department"]})["answers"]
+            assert got["answers"]["department"] == {**theirs["department"], "answered_by": "teacher"}
+            assert got["answers"]["churn"] == {**mine["churn"], "answered_by": "student"}   # its threshold is 0
+            assert got["usage"]["deferred_questions"] == ["department"]
+            assert got["usage"]["teacher_input_tokens"] > 0
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        assert stats["deferred_answers"] == len(states)
+        assert stats["decision_engine"]["defer_below"] == {"department": 1.0, "churn": 0.0}
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--defer-below", "0.5"], "--defer-below / PAGODA_DEFER_BELOW needs --student"),
+    (["--student", "{folder}", "--defer-below", "sentiment=0.5"], "['sentiment'] not among the student's questions"),
+    (["--student", "{folder}", "--defer-below", "2"], "must be a number in [0, 1]"),
+    (["--student", "{folder}", "--model", str(TINY_BERT)], "give either --model or --student"),
+])
+def test_bad_deferral_flags_stop_startup_by_name(student, flags, words):
+    import os
+
+    folder, _ = student
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PAGODA_GENERATE_MODEL": "none"}
+    r = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--port", "0",
+                        *[f.format(folder=folder) for f in flags]], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and words in r.stderr, r.stderr

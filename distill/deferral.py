@@ -1,0 +1,92 @@
+"""Deferring a student's unsure answers to its teacher: a dial between the student's speed and the teacher's answers.
+
+Why: on hand-written text the support-triage student gives its teacher's answer on 0.88-0.96 of answers per
+question (docs/distill.md), and its disagreements gather where its own calibrated `answer_confidence` is low.
+Re-asking the teacher only those (state, question) pairs buys back agreement at the price of a teacher call on
+the share of answers under the threshold, which the report and `pagoda bench distill --defer-below` measure.
+
+The teacher is anything with laya's `predict_batch(states, questions)` (a `laya.load` agent), passed in by the
+caller; this module imports no model code, so `distill.runtime` stays torch-free. Each answer the teacher gives
+replaces the student's whole answer (its probabilities, confidence and `action.act_probability`), and every
+answer says who gave it (`answered_by`). A pair's answer does not depend on what shares its batch: the student's
+does not, laya's does not, and laya answers each question of a state on a row of its own, so asking the teacher
+fewer questions of a state cannot change the ones it does answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from laya.errors import InputError
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """`teacher` answers a question of a state whenever the student's `answer_confidence` is under `below[q]`;
+    questions absent from `below` stay the student's."""
+
+    teacher: Any
+    below: dict[str, float]
+
+
+def parse_below(value: Any, questions: Iterable[str], field: str = "defer_below") -> dict[str, float]:
+    """Thresholds per question from `0.7` (every question), `"department=0.7,urgency=0.8"` or a dict.
+
+    A threshold is a number in [0, 1] (0 never defers; an answer's confidence is at most 1); a question the
+    student does not answer is refused, naming `field`."""
+    names = list(questions)
+    if isinstance(value, str) and "=" not in value:
+        try:
+            value = float(value)
+        except ValueError:
+            raise InputError(f"{field}: expected a number or QUESTION=NUMBER,..., got {value!r}", field=field) from None
+    if isinstance(value, str):
+        pairs = {}
+        for item in value.split(","):
+            name, sep, number = item.strip().partition("=")
+            if not sep or not name:
+                raise InputError(f"{field}: expected QUESTION=NUMBER, got {item.strip()!r}", field=field)
+            try:
+                pairs[name] = float(number)
+            except ValueError:
+                raise InputError(f"{field}: {name}: expected a number, got {number!r}", field=field) from None
+        value = pairs
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise InputError(f"{field}: {unknown} not among the student's questions {sorted(names)}", field=field)
+        out = {str(k): v for k, v in value.items()}
+    else:
+        out = {n: value for n in names}
+    for name, t in out.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0.0 <= t <= 1.0:
+            raise InputError(f"{field}: {name}: must be a number in [0, 1], got {t!r}", field=field)
+    return {k: float(v) for k, v in out.items()}
+
+
+def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str, Any]],
+          definitions: dict[str, dict[str, Any]], budgets: dict[str, Any] | None = None) -> None:
+    """Replace, in place, each answer of `results` (the student's, one dict per state with `answers` and `usage`)
+    under its threshold by the teacher's. `definitions` are the questions as the student was distilled for them:
+    the teacher is asked exactly those, with the `budgets` it labelled under. States with the same set of unsure questions share one teacher call.
+    Each state's usage gains `deferred_questions` and `teacher_input_tokens`."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, result in enumerate(results):
+        low = [n for n, a in result["answers"].items()
+               if n in deferral.below and a["answer_confidence"] < deferral.below[n]]
+        for a in result["answers"].values():
+            a["answered_by"] = "student"
+        result["usage"]["deferred_questions"] = low
+        result["usage"]["teacher_input_tokens"] = 0
+        if low:
+            groups.setdefault(tuple(low), []).append(i)
+    for names, idx in groups.items():
+        answered = deferral.teacher.predict_batch([states[i] for i in idx], {n: definitions[n] for n in names},
+                                                   **(budgets or {}))
+        for i, teacher in zip(idx, answered):
+            for n in names:
+                results[i]["answers"][n] = {**teacher["answers"][n], "answered_by": "teacher"}
+            results[i]["usage"]["teacher_input_tokens"] = teacher["usage"]["input_tokens"]
