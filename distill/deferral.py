@@ -68,11 +68,13 @@ def parse_below(value: Any, questions: Iterable[str], field: str = "defer_below"
 
 
 def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str, Any]],
-          definitions: dict[str, dict[str, Any]], budgets: dict[str, Any] | None = None) -> None:
+                   definitions: dict[str, dict[str, Any]], budgets: dict[str, Any] | None = None) -> None:
     """Replace, in place, each answer of `results` (the student's, one dict per state with `answers` and `usage`)
-    under its threshold by the teacher's. `definitions` are the questions as the student was distilled for them:
-    the teacher is asked exactly those, with the `budgets` it labelled under. States with the same set of unsure questions share one teacher call.
-    Each state's usage gains `deferred_questions` and `teacher_input_tokens`."""
+    under its threshold by the teacher's.
+
+    `definitions` are the questions as the student was distilled for them: the teacher is asked exactly those, with
+    the `budgets` it labelled under. States with the same set of unsure questions share one teacher call. Each
+    state's usage gains `deferred_questions` and `teacher_input_tokens`."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, result in enumerate(results):
         low = [n for n, a in result["answers"].items()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distill.deferral import Deferral, parse_below
 from laya.errors import InputError
 from laya.rows import state_text
 from serving.decide.config import DecideConfig, student_precision
@@ -69,11 +70,11 @@ class StudentBackend:
 
     kind = "student"
 
-    def __init__(self, student: Any, name: str, threads: int | None = None, deferral: Any = None):
+    def __init__(self, student: Any, name: str, threads: int | None = None, deferral: Deferral | None = None):
         self.student = student
         self.name = name
         self.threads = threads
-        self.deferral = deferral      # distill.deferral.Deferral: the Laya model that takes unsure answers
+        self.deferral = deferral      # the Laya model that takes the student's unsure answers, and when
         self.default_questions = dict(student.questions)
 
     def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
@@ -135,8 +136,6 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
                           threads=cfg.torch_threads or None)
         deferral = None
         if cfg.defer_below is not None:
-            from distill.deferral import Deferral, parse_below
-
             deferral = Deferral(_load_laya(cfg), parse_below(cfg.defer_below, student.questions, "defer_below"))
         return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None, deferral)
     return LayaBackend(_load_laya(cfg), _model_name(cfg.model))
