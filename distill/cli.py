@@ -46,6 +46,10 @@ def register(commands: Any, bench: Any) -> None:
                    help="also time the int8 student with its answers under T (a number or QUESTION=NUMBER,...) "
                         "deferred to the teacher, and print its agreement with the teacher and the share deferred "
                         "on --data (docs/distill.md, deferring)")
+    b.add_argument("--defer-to", default=None, metavar="URL",
+                   help="with --defer-below: the deferred answers come from this pagoda server's /decide/batch "
+                        "(a Laya model) instead of the teacher loaded here, which stays the baseline and runs "
+                        "the same deferral first; the server's key, if any, from $PAGODA_DEFER_API_KEY")
     b.set_defaults(func=_bench)
 
 
@@ -95,11 +99,17 @@ def _bench(args: argparse.Namespace) -> int:
 
     path = Path(args.student)
     student = Student(path)
+    if args.defer_to is not None and args.defer_below is None:
+        print("pagoda bench distill: error: --defer-to needs --defer-below", file=sys.stderr)
+        return 2
     if args.defer_below is not None:
         from distill.deferral import parse_below
+        from distill.remote_teacher import RemoteTeacher
 
         try:
             parse_below(args.defer_below, student.questions, "--defer-below")
+            if args.defer_to is not None:
+                RemoteTeacher(args.defer_to, field="--defer-to")
         except ValueError as exc:
             print(f"pagoda bench distill: error: {exc}", file=sys.stderr)
             return 2
@@ -118,7 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
     teacher = args.teacher or student.meta["provenance"].get("teacher")
     if teacher and teacher != "none" and (teacher == "default" or (Path(teacher) / "rl_agent_config.json").is_file()):
         source = None if teacher == "default" else teacher
-        budgets = student.meta["budgets"]["teacher"]
+        budgets = student.teacher_budgets
         rows["teacher"] = {"1 thread": teacher_latency(source, student.questions, 1, states, budgets,
                                                        singles=max(10, args.singles // 10), batches=2),
                            f"{cores} threads": teacher_latency(source, student.questions, cores, states, budgets,
@@ -131,11 +141,18 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         from distill.latency import deferral_latency
 
-        name = "int8 deferred"
-        rows[name] = {}
-        for tname, n in (("1 thread", 1), (f"{cores} threads", cores)):
-            rows[name][tname], fidelity = deferral_latency(path, source, args.defer_below, n, states,
-                                                           singles=args.singles)
+        # With --defer-to, the same deferral in this process runs first: the pair shows what the network costs.
+        fidelity = {}
+        for name, remote in [("int8 deferred", None)] + ([("int8 remote", args.defer_to)] if args.defer_to else []):
+            rows[name] = {}
+            for tname, n in (("1 thread", 1), (f"{cores} threads", cores)):
+                try:
+                    rows[name][tname], fidelity[name] = deferral_latency(path, source, args.defer_below, n, states,
+                                                                         remote=remote, singles=args.singles,
+                                                                         api_key=os.environ.get("PAGODA_DEFER_API_KEY"))
+                except RuntimeError as exc:
+                    print(f"pagoda bench distill: error: --defer-to {remote}: {exc}", file=sys.stderr)
+                    return 1
     base_name = "teacher" if "teacher" in rows else next(iter(rows))
     print(f"states: {len(states)}; ms per state; x = baseline ({base_name}) time / this time, same process, "
           "same thread count (shared machine: absolute numbers are noisy, ratios less so); cpu = process CPU "
@@ -148,9 +165,10 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"{name:<14} {tname:<10} {lat['b1_p50']:8.2f} {lat['b1_p99']:8.2f} {lat['b1_cpu_p50']:8.2f} "
                   f"{lat['b32_p50']:8.2f} {base['b1_p50'] / lat['b1_p50']:6.1f}x "
                   f"{base['b1_cpu_p50'] / lat['b1_cpu_p50']:6.1f}x {base['b32_p50'] / lat['b32_p50']:6.1f}x")
-    if fidelity:
-        print(f"int8 deferred: the int8 student, its answers under {args.defer_below} given by the teacher; per "
+    for name, by_question in (fidelity or {}).items():
+        by = "the teacher here" if name == "int8 deferred" else f"the server at {args.defer_to}"
+        print(f"{name}: the int8 student, its answers under {args.defer_below} given by {by}; per "
               "question: agreement with the teacher / share of answers the teacher gave, on these states")
-        for q, f in fidelity.items():
+        for q, f in by_question.items():
             print(f"  {q:<14} {f['agreement']:.3f} / {f['deferred']:.2f}")
     return 0

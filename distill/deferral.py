@@ -5,8 +5,9 @@ question (docs/distill.md), and its disagreements gather where its own calibrate
 Re-asking the teacher only those (state, question) pairs buys back agreement at the price of a teacher call on
 the share of answers under the threshold, which the report and `pagoda bench distill --defer-below` measure.
 
-The teacher is anything with laya's `predict_batch(states, questions)` (a `laya.load` agent), passed in by the
-caller; this module imports no model code, so `distill.runtime` stays torch-free. Each answer the teacher gives
+The teacher is anything with laya's `predict_batch(states, questions)`, passed in by the caller: a `laya.load` agent
+in the same process, or a `distill.remote_teacher.RemoteTeacher` (a pagoda server, for students on the edge). This
+module imports no model code, so `distill.runtime` stays torch-free. Each answer the teacher gives
 replaces the student's whole answer (its probabilities, confidence and `action.act_probability`), and every
 answer says who gave it (`answered_by`). A pair's answer does not depend on what shares its batch: the student's
 does not, laya's does not, and laya answers each question of a state on a row of its own, so asking the teacher
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from distill.remote_teacher import RemoteTeacher, TeacherUnavailable
 from laya.errors import InputError
 
 
@@ -30,6 +32,16 @@ class Deferral:
 
     teacher: Any
     below: dict[str, float]
+
+    @property
+    def remote(self) -> bool:
+        """Whether the teacher is across a network (a server waits on it outside its model worker)."""
+        return isinstance(self.teacher, RemoteTeacher)
+
+    def describe(self) -> dict[str, Any]:
+        """The thresholds and what answers under them, for `/stats`."""
+        return {"defer_below": self.below,
+                "defer_to": self.teacher.describe() if self.remote else self.teacher.engine.describe()}
 
 
 def parse_below(value: Any, questions: Iterable[str], field: str = "defer_below") -> dict[str, float]:
@@ -74,21 +86,28 @@ def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str
 
     `definitions` are the questions as the student was distilled for them: the teacher is asked exactly those, with
     the `budgets` it labelled under. States with the same set of unsure questions share one teacher call. Each
-    state's usage gains `deferred_questions` and `teacher_input_tokens`."""
+    state's usage gains `deferred_questions` (those the teacher answered), `teacher_input_tokens` and
+    `deferral_error`: None, or why an unavailable teacher (`TeacherUnavailable`) left its unsure answers the
+    student's."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, result in enumerate(results):
         low = [n for n, a in result["answers"].items()
                if n in deferral.below and a["answer_confidence"] < deferral.below[n]]
         for a in result["answers"].values():
             a["answered_by"] = "student"
-        result["usage"]["deferred_questions"] = low
-        result["usage"]["teacher_input_tokens"] = 0
+        result["usage"].update(deferred_questions=[], teacher_input_tokens=0, deferral_error=None)
         if low:
             groups.setdefault(tuple(low), []).append(i)
     for names, idx in groups.items():
-        answered = deferral.teacher.predict_batch([states[i] for i in idx], {n: definitions[n] for n in names},
-                                                   **(budgets or {}))
+        try:
+            answered = deferral.teacher.predict_batch([states[i] for i in idx], {n: definitions[n] for n in names},
+                                                       **(budgets or {}))
+        except TeacherUnavailable as exc:
+            for i in idx:
+                results[i]["usage"]["deferral_error"] = str(exc)
+            continue
         for i, teacher in zip(idx, answered):
             for n in names:
                 results[i]["answers"][n] = {**teacher["answers"][n], "answered_by": "teacher"}
-            results[i]["usage"]["teacher_input_tokens"] = teacher["usage"]["input_tokens"]
+            results[i]["usage"].update(deferred_questions=list(names),
+                                       teacher_input_tokens=teacher["usage"].get("input_tokens", 0))

@@ -74,9 +74,12 @@ def teacher_latency(teacher: str | None, questions: dict, threads: int, states: 
 
 
 def deferral_latency(path, teacher: str | None, below: Any, threads: int, states: list[str],
+                     remote: str | None = None, api_key: str | None = None,
                      **kw: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """The student with its unsure answers deferred to `teacher` (`distill.deferral`), both at `threads`:
     (latency as `measure` gives it, per question {agreement with the teacher alone, share deferred} on `states`).
+    With `remote` (a pagoda server's URL; `api_key` its key) the deferred answers come from there, and agreement is still counted
+    against `teacher` in this process, so a server that runs another model shows as disagreement.
 
     At batch 1 a state either stays on the student or also waits for the teacher, so p50 and p99 part ways;
     the batch-32 figure is the mean cost per state."""
@@ -84,17 +87,22 @@ def deferral_latency(path, teacher: str | None, below: Any, threads: int, states
 
     import laya
     from distill.deferral import Deferral, parse_below
+    from distill.remote_teacher import RemoteTeacher
     from distill.runtime import Student
     from laya.answers import top_option
 
     s = Student(path, threads=threads)
     agent = laya.load(teacher, threads=threads)
-    d = Deferral(agent, parse_below(below, s.questions, "--defer-below"))
+    d = Deferral(RemoteTeacher(remote, api_key=api_key, field="--defer-to") if remote else agent,
+                 parse_below(below, s.questions, "--defer-below"))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         given = s.predict_batch(states, defer=d)
-        told = agent.predict_batch(states, s.questions, **(s.meta.get("budgets", {}).get("teacher") or {}))
+        failed = [g["usage"]["deferral_error"] for g in given if g["usage"]["deferral_error"]]
+        if failed:
+            raise RuntimeError(f"the remote teacher gave no answer for {len(failed)} states: {failed[0]}")
+        told = agent.predict_batch(states, s.questions, **s.teacher_budgets)
         fidelity = {q: {"agreement": float(np.mean([top_option(g["answers"][q]) == top_option(t["answers"][q])
                                                     for g, t in zip(given, told)])),
                         "deferred": float(np.mean([q in g["usage"]["deferred_questions"] for g in given]))}

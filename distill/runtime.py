@@ -58,6 +58,8 @@ class Student:
         self.name: str = meta["name"]
         self.kind: str = meta["kind"]
         self.questions: dict[str, dict[str, Any]] = meta["questions"]
+        # what the teacher was asked under when it labelled the corpus: a deferred question is asked the same way
+        self.teacher_budgets: dict[str, Any] = meta.get("budgets", {}).get("teacher") or {}
         self.parsed: dict[str, Question] = {n: parse_question(n, q) for n, q in self.questions.items()}
         self._heads: dict[str, dict[str, Any]] = {h["name"]: h for h in meta["heads"]}
         self.temperatures = self._temperatures()
@@ -143,7 +145,7 @@ class Student:
             u["truncated_questions"] = list(names) if u["truncated"] else []
             out.append({"model": f"student:{self.name}", "answers": answers, "usage": u})
         if defer is not None:
-            apply_deferral(defer, list(states), out, self.questions, self.meta.get("budgets", {}).get("teacher"))
+            apply_deferral(defer, list(states), out, self.questions, self.teacher_budgets)
         if threshold is not None:
             for result in out:
                 gate(result["answers"], threshold)

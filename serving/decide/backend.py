@@ -2,7 +2,8 @@
 
 `prepare` (request thread: validation, tokenisation; `InputError` → 422), `cost` (rows and tokens per
 row, for the batch limits), `run` (model worker: ONE pass over units from many requests, split back per
-unit) and `finish` (request thread: the answer JSON); `describe` says what computes. Heavy imports happen
+unit) and `finish` (request thread: one request's answer JSONs, its units together); `describe` says what
+computes. Heavy imports happen
 in `load_backend`, in the serving process, so the gunicorn master and `pagoda --help` never import torch
 (and a Laya model on the CPU engines never does: `laya.load` picks the engine from `--precision`).
 """
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distill.deferral import Deferral, parse_below
+from distill.deferral import Deferral, apply_deferral, parse_below
+from distill.remote_teacher import RemoteTeacher
 from laya.errors import InputError
 from laya.rows import state_text
 from serving.decide.config import DecideConfig, student_precision
@@ -46,8 +48,8 @@ class LayaBackend:
             offset += len(prepared.rows)
         return split
 
-    def finish(self, prepared: Any, outputs: list[Any]) -> dict:
-        return self.agent.finish(prepared, outputs)
+    def finish(self, units: list[Any], outputs: list[list[Any]]) -> list[dict]:
+        return [self.agent.finish(prepared, rows) for prepared, rows in zip(units, outputs)]
 
     def describe(self) -> dict:
         """The engine that answers (precision, backend, threads), for `/health` and `/stats`."""
@@ -74,7 +76,7 @@ class StudentBackend:
         self.student = student
         self.name = name
         self.threads = threads
-        self.deferral = deferral      # the Laya model that takes the student's unsure answers, and when
+        self.deferral = deferral      # who takes the student's unsure answers, and when
         self.default_questions = dict(student.questions)
 
     def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
@@ -104,7 +106,10 @@ class StudentBackend:
         return 1, max(1, min(unit.chars // 4, self.student.max_len))
 
     def run(self, units: list[StudentUnit]) -> list[dict]:
-        results = self.student.predict_batch([u.state for u in units], defer=self.deferral)
+        # A local teacher computes here, in the model worker; a remote one is waited on in `finish`, on the
+        # request's own thread, so a slow network never holds up other requests' passes.
+        local = self.deferral if self.deferral is not None and not self.deferral.remote else None
+        results = self.student.predict_batch([u.state for u in units], defer=local)
         out = []
         for unit, result in zip(units, results):
             usage = dict(result["usage"])
@@ -112,15 +117,17 @@ class StudentBackend:
             out.append({**result, "answers": {n: result["answers"][n] for n in unit.names}, "usage": usage})
         return out
 
-    def finish(self, unit: StudentUnit, output: dict) -> dict:
-        return output
+    def finish(self, units: list[StudentUnit], outputs: list[dict]) -> list[dict]:
+        if self.deferral is not None and self.deferral.remote:  # one call for the request's unsure states
+            apply_deferral(self.deferral, [u.state for u in units], outputs, self.student.questions,
+                           self.student.teacher_budgets)
+        return outputs
 
     def describe(self) -> dict:
         out = {"precision": self.student.precision, "backend": "onnxruntime",
                "model_file": self.student.model_file.name, "threads": self.threads}
         if self.deferral is not None:
-            out["defer_below"] = self.deferral.below
-            out["defer_to"] = self.deferral.teacher.engine.describe()
+            out.update(self.deferral.describe())
         return out
 
     def caches(self) -> dict:
@@ -136,7 +143,9 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
                           threads=cfg.torch_threads or None)
         deferral = None
         if cfg.defer_below is not None:
-            deferral = Deferral(_load_laya(cfg), parse_below(cfg.defer_below, student.questions, "defer_below"))
+            teacher = (RemoteTeacher(cfg.defer_to, timeout_s=cfg.defer_timeout_s, api_key=cfg.defer_api_key)
+                       if cfg.defer_to else _load_laya(cfg))
+            deferral = Deferral(teacher, parse_below(cfg.defer_below, student.questions, "defer_below"))
         return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None, deferral)
     return LayaBackend(_load_laya(cfg), _model_name(cfg.model))
 

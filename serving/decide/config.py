@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distill.deferral import parse_below
+from distill.remote_teacher import RemoteTeacher
 from laya.precision import PRECISION_ENV, PRECISIONS, check_device, requested_precision
 from serving.flags import Settings, option
 
@@ -25,6 +26,13 @@ class DecideConfig(Settings):
     defer_below: str | None = option(None, "with --student: the Laya model (--model, default laya-mini) answers "
                                            "each answer whose answer_confidence is under this; one number for every "
                                            "question or QUESTION=NUMBER,... (docs/distill.md, deferring)")
+    defer_to: str | None = option(None, "with --defer-below: the base URL of a pagoda server (a Laya model) whose "
+                                        "/decide/batch takes the unsure answers, instead of a model loaded here")
+    defer_timeout_s: float = option(10.0, "with --defer-to: the longest a request waits for the remote teacher; "
+                                          "past it the answers stay the student's (usage.deferral_error)",
+                                    positive=True)
+    defer_api_key: str | None = option(None, "with --defer-to: the remote server's API key (environment only)",
+                                       env_only=True)
     device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
     torch_threads: int = option(0, "intra-op threads of the decision model per worker, torch or onnxruntime (0: the "
                                    "runtime's default)", minimum=0)
@@ -61,10 +69,18 @@ class DecideConfig(Settings):
         if self.defer_below is not None and not self.student:
             raise ValueError(f"{self.where('defer_below')} needs --student: it hands a student's unsure answers "
                              "to the Laya model")
+        if self.defer_to is not None:
+            if self.defer_below is None:
+                raise ValueError(f"{self.where('defer_to')} needs --defer-below: it names the server that takes "
+                                 "the student's unsure answers")
+            if self.model:
+                raise ValueError(f"give either --model or {self.where('defer_to')}: one teacher takes the "
+                                 "student's unsure answers")
+            RemoteTeacher(self.defer_to, timeout_s=self.defer_timeout_s, field=self.where("defer_to"))
         if self.model and self.student and self.defer_below is None:
             raise ValueError("give either --model or --student, not both (or both with --defer-below: the student "
                              "answers, the model takes its unsure answers)")
-        if not self.student or self.defer_below is not None:  # a student runs on onnxruntime; the device is laya's
+        if not self.student or (self.defer_below is not None and self.defer_to is None):  # the device is laya's
             check_device(self.device, self.where("device"))
         for name in ("model", "student"):
             path = getattr(self, name)

@@ -26,6 +26,8 @@ class DecideMetrics:
         self.tokens = PCounter("pagoda_tokens", "input tokens run through the model", registry=r)
         self.deferred = PCounter("pagoda_deferred_answers", "a student's answers the Laya model gave instead "
                                  "(--defer-below)", registry=r)
+        self.deferral_errors = PCounter("pagoda_deferral_errors", "states whose unsure answers stayed the "
+                                        "student's because the remote teacher (--defer-to) gave none", registry=r)
         self.queue_wait = Histogram("pagoda_queue_wait_seconds", "time a state waited for its forward pass",
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.batch_rows = Histogram("pagoda_batch_questions", "question rows per forward pass",
@@ -41,13 +43,16 @@ class DecideMetrics:
         self._batch_sizes: Counter[int] = Counter()
         self._totals: Counter[str] = Counter()
 
-    def observe_decisions(self, states: int, questions: int, tokens: int, deferred: int = 0) -> None:
+    def observe_decisions(self, states: int, questions: int, tokens: int, deferred: int = 0,
+                          deferral_errors: int = 0) -> None:
         self.decisions.inc(states)
         self.questions.inc(questions)
         self.tokens.inc(tokens)
         self.deferred.inc(deferred)
+        self.deferral_errors.inc(deferral_errors)
         with self._lock:
-            self._totals.update(decisions=states, questions=questions, tokens=tokens, deferred=deferred)
+            self._totals.update(decisions=states, questions=questions, tokens=tokens, deferred=deferred,
+                                deferral_errors=deferral_errors)
 
     def observe_batch(self, states: int, rows: int, forward_s: float, queue_waits_s: list[float]) -> None:
         self.batch_rows.observe(rows)
@@ -67,6 +72,7 @@ class DecideMetrics:
                 "questions": self._totals["questions"],
                 "tokens": self._totals["tokens"],
                 "deferred_answers": self._totals["deferred"],
+                "deferral_errors": self._totals["deferral_errors"],
                 "batches": self._totals["batches"],
                 "batch_size_histogram": {str(k): v for k, v in sorted(self._batch_sizes.items())},
                 "queue_ms": window_summary(self._queue_ms),

@@ -78,7 +78,10 @@ def openapi(cfg: DecideConfig) -> dict:
                                  "deferred_questions": {"type": "array", "items": {"type": "string"},
                                                         "description": "--defer-below: the questions the Laya "
                                                                        "model answered for this state"},
-                                 "teacher_input_tokens": {"type": "integer"}}},
+                                 "teacher_input_tokens": {"type": "integer"},
+                                 "deferral_error": {"type": ["string", "null"],
+                                                    "description": "--defer-to: why the remote teacher gave no "
+                                                                   "answer (the student's stand); null when none"}}},
         "Decision": {"type": "object", "required": ["model", "answers", "usage"],
                      "properties": {"model": {"type": "string"},
                                     "answers": {"type": "object", "additionalProperties": ref("Answer")},

@@ -94,8 +94,9 @@ class Service:
             log.error("request %s: model error (traceback above, from the model worker): %s", request_id, exc)
             raise ApiError(500, f"the model failed on this request; see the server log for request {request_id}",
                            "model_error") from None
-        results = [backend.finish(u, o) for u, o in zip(units, outputs)]
+        results = backend.finish(units, outputs)
         self.metrics.observe_decisions(len(results), sum(len(r["answers"]) for r in results),
                                        sum(r["usage"].get("input_tokens", 0) for r in results),
-                                       sum(len(r["usage"].get("deferred_questions", ())) for r in results))
+                                       sum(len(r["usage"].get("deferred_questions", ())) for r in results),
+                                       sum(r["usage"].get("deferral_error") is not None for r in results))
         return results, pending.queue_ms

@@ -28,6 +28,13 @@ TASK = {
 }
 N_TICKETS = 120
 HANDWRITTEN = ROOT / "datasets" / "handwritten_tickets.jsonl"   # `--eval-data`: text outside the corpus
+# States for the deferral tests: plain and dict states, on which the tiny student is sure of some answers only.
+DEFER_STATES = ["Hi, we were billed twice for March. Refund it today or we cancel.",
+                "The export button gives error 500 since the update, our whole team is blocked!",
+                {"customer": "ACME", "message": "where is my parcel? tracking says delivered"},
+                "thanks, all good now",
+                "Hello, I cannot log in. Password reset mail never arrives.",
+                "can u change the email on my profile pls"]
 
 
 @contextlib.contextmanager

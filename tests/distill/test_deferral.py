@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from distill_support import DEFER_STATES as STATES
 from distill_support import TASK, torch_threads
 
 from distill.deferral import Deferral, parse_below
@@ -12,12 +13,6 @@ from distill.fidelity import deferral_curve
 from distill.runtime import Student
 from laya.errors import InputError
 
-STATES = ["Hi, we were billed twice for March. Refund it today or we cancel.",
-          "The export button gives error 500 since the update, our whole team is blocked!",
-          {"customer": "ACME", "message": "where is my parcel? tracking says delivered"},
-          "thanks, all good now",
-          "Hello, I cannot log in. Password reset mail never arrives.",
-          "can u change the email on my profile pls"]
 QUESTIONS = list(TASK["questions"])
 
 

@@ -73,10 +73,10 @@ class RecordingBackend(LayaBackend):
         self.pass_sizes.append(len(units))
         return super().run(units)
 
-    def finish(self, prepared, outputs):
+    def finish(self, units, outputs):
         with self._lock:
-            self.finished.append((prepared, outputs))
-        return super().finish(prepared, outputs)
+            self.finished.extend(zip(units, outputs))
+        return super().finish(units, outputs)
 
 
 def test_concurrent_http_batches_are_bit_identical_to_alone(agent, billing_questions):

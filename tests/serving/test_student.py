@@ -120,8 +120,56 @@ def test_unsure_answers_go_to_the_laya_model(student, tmp_path):
         server.stop()
 
 
+def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
+    """`--student DIR --defer-below ... --defer-to URL`: another pagoda server's Laya model takes the unsure answers,
+    exactly as a model loaded in this process would. When that server is gone, every answer is the student's,
+    each state says why, /stats and /metrics count it, and the edge server keeps answering."""
+    import laya
+    from distill.deferral import Deferral, parse_below
+    from distill.runtime import Student
+
+    folder, _ = student
+    teacher_server = ServerProcess(tmp_path / "teacher.log", ["--model", str(TINY_BERT)]).running()
+    server = ServerProcess(tmp_path / "edge.log", ["--student", str(folder), "--defer-below", "department=1,churn=0",
+                                                   "--defer-to", teacher_server.url, "--defer-timeout-s", "5"]).running()
+    try:
+        local = Student(folder)
+        here = Deferral(laya.load(str(TINY_BERT), threads=1), parse_below("department=1,churn=0", local.questions))
+        states = ["I was charged twice this month, refund me or I cancel.", "The site is down.", {"text": "hello"}]
+        r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
+        assert r.status_code == 200, r.text
+        expected = local.predict_batch(states, defer=here)
+        for got, want in zip(r.json()["results"], expected):
+            assert got["answers"] == want["answers"]
+            assert got["answers"]["department"]["answered_by"] == "teacher"
+            assert {k: got["usage"][k] for k in ("deferred_questions", "teacher_input_tokens", "deferral_error")} \
+                == {"deferred_questions": ["department"], "teacher_input_tokens": want["usage"]["teacher_input_tokens"],
+                    "deferral_error": None}
+        engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
+        assert engine["defer_to"] == {"url": teacher_server.url, "timeout_s": 5.0, "max_states": 64}
+
+        teacher_server.stop()
+        r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
+        assert r.status_code == 200, r.text
+        alone = local.predict_batch(states)
+        for got, mine in zip(r.json()["results"], alone):
+            assert got["answers"] == {q: {**a, "answered_by": "student"} for q, a in mine["answers"].items()}
+            assert got["usage"]["deferred_questions"] == [] and "refused" in got["usage"]["deferral_error"]
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        assert (stats["deferred_answers"], stats["deferral_errors"]) == (len(states), len(states))
+        assert f"pagoda_deferral_errors_total {len(states)}.0" in requests.get(server.url + "/metrics", timeout=10).text
+    finally:
+        server.stop()
+        teacher_server.stop()
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--defer-below", "0.5"], "--defer-below / PAGODA_DEFER_BELOW needs --student"),
+    (["--student", "{folder}", "--defer-to", "http://127.0.0.1:9"], "--defer-to / PAGODA_DEFER_TO needs --defer-below"),
+    (["--student", "{folder}", "--defer-below", "0.5", "--defer-to", "localhost:8000"],
+     "--defer-to / PAGODA_DEFER_TO: expected an http(s) URL"),
+    (["--student", "{folder}", "--defer-below", "0.5", "--model", str(TINY_BERT), "--defer-to", "http://127.0.0.1:9"],
+     "give either --model or --defer-to / PAGODA_DEFER_TO"),
     (["--student", "{folder}", "--defer-below", "sentiment=0.5"], "['sentiment'] not among the student's questions"),
     (["--student", "{folder}", "--defer-below", "2"], "must be a number in [0, 1]"),
     (["--student", "{folder}", "--model", str(TINY_BERT)], "give either --model or --student"),

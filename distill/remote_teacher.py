@@ -1,0 +1,91 @@
+"""A teacher on another machine: a pagoda server's `/decide/batch` answers a student's unsure questions.
+
+Why: a student is built for the edge (onnxruntime, tokenizers, numpy), where its teacher usually is not; the
+teacher runs once, on a server (`pagoda serve`, a Laya model), for every edge process. Deferring over HTTP
+keeps the edge install as it is: urllib3 is already a base dependency (the gateway's pools), and this module
+imports no model code. It has laya's `predict_batch(states, questions, **budgets)`, so `distill.deferral`
+treats it like a local agent.
+
+The network can fail where a local model does not. Every failure (no connection, a timeout, a non-200 answer,
+a body that is not a batch of answers) raises `TeacherUnavailable`, whose message says which; `apply_deferral`
+then keeps the student's answers and says why in `usage.deferral_error`. Nothing is retried: a state waits for
+its teacher at most `timeout_s` (urllib3 already replaces a pooled connection the server has closed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import urllib3
+
+from laya.errors import InputError
+
+
+class TeacherUnavailable(RuntimeError):
+    """The remote teacher gave no usable answer; the message names the URL and what went wrong."""
+
+
+class RemoteTeacher:
+    """`url` is a pagoda server's base URL (`http://host:8000`); `api_key` its `PAGODA_API_KEY`, if it has one.
+
+    `max_states` states go in one request (the server's `--max-states`, 64 by default, refuses more);
+    `timeout_s` bounds each request, connecting included."""
+
+    def __init__(self, url: str, *, timeout_s: float = 10.0, api_key: str | None = None, max_states: int = 64,
+                 field: str = "defer_to"):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InputError(f"{field}: expected an http(s) URL such as http://host:8000, got {url!r}", field=field)
+        if not timeout_s > 0:
+            raise InputError(f"{field}: timeout must be positive, got {timeout_s!r}", field=field)
+        if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
+            raise InputError(f"{field}: max_states must be a positive integer, got {max_states!r}", field=field)
+        self.url = url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self.max_states = max_states
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._pool = urllib3.PoolManager(
+            retries=False, timeout=urllib3.Timeout(total=self.timeout_s))
+
+    def predict_batch(self, states: list[Any], questions: dict[str, dict], **budgets: Any) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(states), self.max_states):
+            out.extend(self._post(list(states[start:start + self.max_states]), questions, budgets))
+        return out
+
+    def _post(self, states: list[Any], questions: dict, budgets: dict) -> list[dict[str, Any]]:
+        where = f"{self.url}/decide/batch"
+        body = json.dumps({"states": states, "questions": questions, **budgets}).encode()
+        try:
+            resp = self._pool.request("POST", where, body=body, headers=self._headers)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise TeacherUnavailable(f"{where}: {_reason(exc)}") from None
+        try:
+            data = json.loads(resp.data)
+        except ValueError:
+            data = None
+        if resp.status != 200:
+            message = data.get("error", {}).get("message") if isinstance(data, dict) else None
+            raise TeacherUnavailable(f"{where}: HTTP {resp.status}" + (f": {message}" if message else ""))
+        results = data.get("results") if isinstance(data, dict) else None
+        if (not isinstance(results, list) or len(results) != len(states)
+                or not all(isinstance(r, dict) and isinstance(r.get("answers"), dict)
+                           and all(n in r["answers"] for n in questions) for r in results)):
+            raise TeacherUnavailable(f"{where}: the answer is not {len(states)} results answering "
+                                     f"{sorted(questions)}")
+        return [{"answers": r["answers"], "usage": r.get("usage", {})} for r in results]
+
+    def describe(self) -> dict[str, Any]:
+        """For `/stats`: where the teacher is, never its key."""
+        return {"url": self.url, "timeout_s": self.timeout_s, "max_states": self.max_states}
+
+
+def _reason(exc: BaseException) -> str:
+    """urllib3 wraps the cause (a `MaxRetryError` around a `NewConnectionError` or a timeout): name the innermost."""
+    while getattr(exc, "reason", None) is not None and isinstance(exc.reason, BaseException):
+        exc = exc.reason
+    return f"{type(exc).__name__}: {exc}"

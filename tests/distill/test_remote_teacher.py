@@ -1,0 +1,226 @@
+"""`distill.remote_teacher`: a real `pagoda serve` of the tiny teacher answers deferred questions over HTTP exactly as
+the same teacher in this process does; a server that is gone, slow, refusing or talking nonsense leaves the
+student's answers and says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from distill_support import DEFER_STATES as STATES
+from distill_support import TASK, pagoda, torch_threads
+
+from distill.deferral import Deferral, parse_below
+from distill.remote_teacher import RemoteTeacher
+from distill.runtime import Student
+from laya.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "remote-teacher-key"
+QUESTIONS = list(TASK["questions"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def teacher_url(distill_inputs, tmp_path_factory):
+    """The teacher behind `pagoda serve`, with an API key (and the default limit of 64 states a request)."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGODA_")}
+    env.update({"HF_HUB_OFFLINE": "1", "PAGODA_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
+                "PAGODA_GENERATE_MODEL": "none", "PAGODA_API_KEY": KEY})
+    log = open(tmp_path_factory.mktemp("teacher-server") / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "serve", "--model", str(distill_inputs["teacher"]),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/ready", headers={"Authorization": f"Bearer {KEY}"}, timeout=5).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        assert proc.poll() is None, "the teacher server exited"
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the teacher server never became ready")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def pair(student_dir, distill_inputs):
+    import laya
+
+    with torch_threads(1):
+        yield Student(student_dir, threads=1), laya.load(distill_inputs["teacher"], threads=1)
+
+
+def _below(student: Student) -> dict[str, float]:
+    """One threshold between the student's confidences per question, so each question has both kinds."""
+    alone = student.predict_batch(STATES)
+    return {q: float(np.median([r["answers"][q]["answer_confidence"] for r in alone])) for q in QUESTIONS}
+
+
+def test_the_server_answers_as_the_teacher_here_does(pair, teacher_url):
+    """Same answers, same usage, bit for bit, with the states split over requests of 2."""
+    student, teacher = pair
+    below = _below(student)
+    remote = RemoteTeacher(teacher_url, api_key=KEY, max_states=2)
+    here = student.predict_batch(STATES, defer=Deferral(teacher, below))
+    there = student.predict_batch(STATES, defer=Deferral(remote, below))
+    assert there == here
+    assert all(r["usage"]["deferral_error"] is None for r in there)
+    assert 0 < sum(len(r["usage"]["deferred_questions"]) for r in there) < len(STATES) * len(QUESTIONS)
+    assert remote.describe() == {"url": teacher_url, "timeout_s": 10.0, "max_states": 2}   # never the key
+
+
+def _student_kept(student: Student, states: list, out: list[dict], words: str) -> None:
+    """Every answer is the student's own, and every state that had an unsure answer says why it was not deferred."""
+    alone = student.predict_batch(states)
+    for mine, got in zip(alone, out):
+        assert got["answers"] == {q: {**a, "answered_by": "student"} for q, a in mine["answers"].items()}
+        assert got["usage"]["deferred_questions"] == [] and got["usage"]["teacher_input_tokens"] == 0
+        assert words in got["usage"]["deferral_error"], got["usage"]["deferral_error"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"api_key": KEY, "max_states": 70}, "HTTP 422: too many states (66 > 64)"),   # over the server's limit
+    ({"api_key": "wrong"}, "HTTP 401"),
+    ({}, "HTTP 401"),
+])
+def test_a_refusing_server_leaves_the_student_s_answers(pair, teacher_url, kwargs, words):
+    student, _ = pair
+    states = STATES * 11
+    out = student.predict_batch(states, defer=Deferral(RemoteTeacher(teacher_url, **kwargs), parse_below(1, QUESTIONS)))
+    _student_kept(student, states, out, words)
+    assert out[0]["usage"]["deferral_error"].startswith(f"{teacher_url}/decide/batch: ")
+
+
+def test_no_server_leaves_the_student_s_answers(pair):
+    student, _ = pair
+    url = f"http://127.0.0.1:{_free_port()}"   # nothing listens there
+    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(url), parse_below(1, QUESTIONS)))
+    _student_kept(student, STATES, out, "refused")
+
+
+class _Canned(BaseHTTPRequestHandler):
+    """A server that waits `delay` seconds, then answers `body` with 200, whatever it was asked."""
+
+    delay = 0.0
+    body = b"{}"
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(self.delay)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(self.body)))
+            self.end_headers()
+            self.wfile.write(self.body)
+        except OSError:
+            pass   # the client gave up first
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def canned():
+    servers = []
+
+    def start(delay: float, body: bytes) -> str:
+        handler = type("Handler", (_Canned,), {"delay": delay, "body": body})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_slow_server_costs_at_most_the_timeout(pair, canned):
+    student, _ = pair
+    url = canned(3.0, b"{}")
+    t0 = time.monotonic()
+    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(url, timeout_s=0.3), parse_below(1, QUESTIONS)))
+    assert time.monotonic() - t0 < 2.5   # one request, one timeout: no retries
+    _student_kept(student, STATES, out, "Timeout")
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"not json", "is not 6 results"),
+    (json.dumps({"results": []}).encode(), "is not 6 results"),
+    (json.dumps({"results": [{"answers": {"department": {}}}] * 6}).encode(), "answering ['churn', 'department'"),
+])
+def test_a_body_that_is_not_answers_leaves_the_student_s(pair, canned, body, words):
+    student, _ = pair
+    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(canned(0.0, body)), parse_below(1, QUESTIONS)))
+    _student_kept(student, STATES, out, words)
+
+
+def test_bench_times_the_remote_deferral_beside_the_local_one(student_dir, distill_inputs, teacher_url, monkeypatch):
+    """`pagoda bench distill --defer-below 1 --defer-to URL`: both rows, both agreeing with the teacher (the server
+    runs the same one); a server that refuses stops the bench with its reason."""
+    monkeypatch.setenv("PAGODA_DEFER_API_KEY", KEY)
+    proc = pagoda("bench", "distill", "--student", str(student_dir), "--teacher", str(distill_inputs["teacher"]),
+                  "--singles", "3", "--defer-below", "1", "--defer-to", teacher_url)
+    lines = proc.stdout.splitlines()
+    for name in ("int8 deferred", "int8 remote"):
+        rows = [line for line in lines if line.startswith(name)]
+        assert len(rows) == 3 and all(line.rstrip().endswith("x") for line in rows[:2]), proc.stdout
+    shares = [line.split() for line in lines if line.startswith("  ")]
+    assert len(shares) == 2 * len(QUESTIONS)
+    assert shares[:len(QUESTIONS)] == shares[len(QUESTIONS):]   # the same answers, here and over HTTP
+    monkeypatch.setenv("PAGODA_DEFER_API_KEY", "wrong")
+    bad = pagoda("bench", "distill", "--student", str(student_dir), "--teacher", str(distill_inputs["teacher"]),
+                 "--singles", "3", "--defer-below", "1", "--defer-to", teacher_url, check=False)
+    assert bad.returncode == 1 and "HTTP 401" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    alone = pagoda("bench", "distill", "--student", str(student_dir), "--defer-to", teacher_url, check=False)
+    assert alone.returncode == 2 and "--defer-to needs --defer-below" in alone.stderr
+
+
+@pytest.mark.parametrize("url, kwargs, words", [
+    ("localhost:8000", {}, "expected an http(s) URL"),
+    ("ftp://host/", {}, "expected an http(s) URL"),
+    ("http://", {}, "expected an http(s) URL"),
+    ("http://host:8000", {"timeout_s": 0}, "timeout must be positive"),
+    ("http://host:8000", {"max_states": 0}, "max_states must be a positive integer"),
+])
+def test_a_bad_setting_is_refused_by_name(url, kwargs, words):
+    with pytest.raises(InputError, match="defer_to") as err:
+        RemoteTeacher(url, **kwargs)
+    assert words in str(err.value) and err.value.field == "defer_to"
+
+
+def test_only_an_unavailable_teacher_is_caught(pair):
+    """Anything else a teacher raises is a bug and reaches the caller."""
+    student, _ = pair
+
+    class Broken:
+        def predict_batch(self, states, questions, **budgets):
+            raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        student.predict_batch(STATES, defer=Deferral(Broken(), parse_below(1, QUESTIONS)))
