@@ -9,12 +9,16 @@ treats it like a local agent.
 The network can fail where a local model does not. Every failure (no connection, a timeout, a non-200 answer,
 a body that is not a batch of answers) raises `TeacherUnavailable`, whose message says which; `apply_deferral`
 then keeps the student's answers and says why in `usage.deferral_error`. Nothing is retried: a state waits for
-its teacher at most `timeout_s` (urllib3 already replaces a pooled connection the server has closed).
+its teacher at most `timeout_s` (urllib3 already replaces a pooled connection the server has closed). A failure
+that says the server is down or overloaded (no connection, a timeout, a 5xx) stops the asking for `cooldown_s`:
+without that, a teacher host that drops packets would cost every unsure request the whole timeout.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,10 +35,11 @@ class RemoteTeacher:
     """`url` is a pagoda server's base URL (`http://host:8000`); `api_key` its `PAGODA_API_KEY`, if it has one.
 
     `max_states` states go in one request (the server's `--max-states`, 64 by default, refuses more);
-    `timeout_s` bounds each request, connecting included."""
+    `timeout_s` bounds each request, connecting included; for `cooldown_s` after the server seemed down (0: never
+    wait) every call fails at once with the reason it was given."""
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, api_key: str | None = None, max_states: int = 64,
-                 field: str = "defer_to"):
+                 cooldown_s: float = 5.0, field: str = "defer_to"):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise InputError(f"{field}: expected an http(s) URL such as http://host:8000, got {url!r}", field=field)
@@ -42,14 +47,22 @@ class RemoteTeacher:
             raise InputError(f"{field}: timeout must be positive, got {timeout_s!r}", field=field)
         if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
             raise InputError(f"{field}: max_states must be a positive integer, got {max_states!r}", field=field)
+        if not cooldown_s >= 0:
+            raise InputError(f"{field}: cooldown must be 0 or more, got {cooldown_s!r}", field=field)
         self.url = url.rstrip("/")
         self.timeout_s = float(timeout_s)
         self.max_states = max_states
+        self.cooldown_s = float(cooldown_s)
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._down_reason = ""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._pool = urllib3.PoolManager(
-            retries=False, timeout=urllib3.Timeout(total=self.timeout_s))
+        # A server calls this from many request threads at once: keep up to 32 connections open, and past that
+        # open one more rather than make a thread wait for a free one (block=False).
+        self._pool = urllib3.PoolManager(maxsize=32, block=False, retries=False,
+                                         timeout=urllib3.Timeout(total=self.timeout_s))
 
     def predict_batch(self, states: list[Any], questions: dict[str, dict], **budgets: Any) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -59,18 +72,24 @@ class RemoteTeacher:
 
     def _post(self, states: list[Any], questions: dict, budgets: dict) -> list[dict[str, Any]]:
         where = f"{self.url}/decide/batch"
+        with self._lock:
+            wait = self._down_until - time.monotonic()
+            if wait > 0:
+                raise TeacherUnavailable(f"{self._down_reason} (not asked again for {wait:.1f} s)")
         body = json.dumps({"states": states, "questions": questions, **budgets}).encode()
         try:
             resp = self._pool.request("POST", where, body=body, headers=self._headers)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise TeacherUnavailable(f"{where}: {_reason(exc)}") from None
+            raise self._down(f"{where}: {_reason(exc)}") from None
         try:
             data = json.loads(resp.data)
         except ValueError:
             data = None
         if resp.status != 200:
-            message = data.get("error", {}).get("message") if isinstance(data, dict) else None
-            raise TeacherUnavailable(f"{where}: HTTP {resp.status}" + (f": {message}" if message else ""))
+            error = data.get("error") if isinstance(data, dict) else None
+            message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+            reason = f"{where}: HTTP {resp.status}" + (f": {message}" if message else "")
+            raise self._down(reason) if resp.status >= 500 else TeacherUnavailable(reason)
         results = data.get("results") if isinstance(data, dict) else None
         if (not isinstance(results, list) or len(results) != len(states)
                 or not all(isinstance(r, dict) and isinstance(r.get("answers"), dict)
@@ -79,9 +98,16 @@ class RemoteTeacher:
                                      f"{sorted(questions)}")
         return [{"answers": r["answers"], "usage": r.get("usage", {})} for r in results]
 
+    def _down(self, reason: str) -> TeacherUnavailable:
+        with self._lock:
+            self._down_until = time.monotonic() + self.cooldown_s
+            self._down_reason = reason
+        return TeacherUnavailable(reason)
+
     def describe(self) -> dict[str, Any]:
         """For `/stats`: where the teacher is, never its key."""
-        return {"url": self.url, "timeout_s": self.timeout_s, "max_states": self.max_states}
+        return {"url": self.url, "timeout_s": self.timeout_s, "max_states": self.max_states,
+                "cooldown_s": self.cooldown_s}
 
 
 def _reason(exc: BaseException) -> str:

@@ -89,7 +89,20 @@ def test_the_server_answers_as_the_teacher_here_does(pair, teacher_url):
     assert there == here
     assert all(r["usage"]["deferral_error"] is None for r in there)
     assert 0 < sum(len(r["usage"]["deferred_questions"]) for r in there) < len(STATES) * len(QUESTIONS)
-    assert remote.describe() == {"url": teacher_url, "timeout_s": 10.0, "max_states": 2}   # never the key
+    assert remote.describe() == {"url": teacher_url, "timeout_s": 10.0, "max_states": 2, "cooldown_s": 5.0}  # no key
+
+
+def test_request_threads_share_one_remote_teacher(pair, teacher_url):
+    """A server defers from many request threads at once through one RemoteTeacher: each gets its own answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    student, _ = pair
+    d = Deferral(RemoteTeacher(teacher_url, api_key=KEY), parse_below(1, QUESTIONS))
+    want = student.predict_batch(STATES, defer=d)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda state: student.predict(state, defer=d), STATES * 4))
+    assert got == want * 4
+    assert all(r["usage"]["deferral_error"] is None for r in got)
 
 
 def _student_kept(student: Student, states: list, out: list[dict], words: str) -> None:
@@ -122,16 +135,17 @@ def test_no_server_leaves_the_student_s_answers(pair):
 
 
 class _Canned(BaseHTTPRequestHandler):
-    """A server that waits `delay` seconds, then answers `body` with 200, whatever it was asked."""
+    """A server that waits `delay` seconds, then answers `body` with `status`, whatever it was asked."""
 
     delay = 0.0
     body = b"{}"
+    status = 200
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers["Content-Length"]))
         time.sleep(self.delay)
         try:
-            self.send_response(200)
+            self.send_response(self.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(self.body)))
             self.end_headers()
@@ -147,8 +161,8 @@ class _Canned(BaseHTTPRequestHandler):
 def canned():
     servers = []
 
-    def start(delay: float, body: bytes) -> str:
-        handler = type("Handler", (_Canned,), {"delay": delay, "body": body})
+    def start(delay: float, body: bytes, status: int = 200) -> str:
+        handler = type("Handler", (_Canned,), {"delay": delay, "body": body, "status": status})
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -167,6 +181,34 @@ def test_a_slow_server_costs_at_most_the_timeout(pair, canned):
     out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(url, timeout_s=0.3), parse_below(1, QUESTIONS)))
     assert time.monotonic() - t0 < 2.5   # one request, one timeout: no retries
     _student_kept(student, STATES, out, "Timeout")
+
+
+def _timed_error(student: Student, teacher: RemoteTeacher) -> tuple[float, str]:
+    t0 = time.monotonic()
+    out = student.predict(STATES[0], defer=Deferral(teacher, parse_below(1, QUESTIONS)))
+    return time.monotonic() - t0, out["usage"]["deferral_error"]
+
+
+def test_a_server_that_seems_down_is_not_asked_again_for_the_cooldown(pair, canned):
+    """After a timeout the next unsure answers stay the student's at once, with the same reason; with no cooldown
+    each call waits again. A 5xx opens the cooldown too; a 4xx (a request the server refuses) does not."""
+    student, _ = pair
+    slow = canned(3.0, b"{}")
+    first = _timed_error(student, RemoteTeacher(slow, timeout_s=0.3, cooldown_s=60))
+    cooled = RemoteTeacher(slow, timeout_s=0.3, cooldown_s=60)
+    _timed_error(student, cooled)
+    took, why = _timed_error(student, cooled)
+    assert took < first[0] and "Timeout" in why and "not asked again for" in why, (took, first, why)
+    uncooled = RemoteTeacher(slow, timeout_s=0.3, cooldown_s=0)
+    _timed_error(student, uncooled)
+    took, why = _timed_error(student, uncooled)
+    assert took >= 0.3 and "not asked again" not in why
+    busy = RemoteTeacher(canned(0.0, json.dumps({"error": {"message": "server busy"}}).encode(), 503))
+    assert "HTTP 503: server busy" in _timed_error(student, busy)[1]
+    assert "not asked again" in _timed_error(student, busy)[1]
+    refusing = RemoteTeacher(canned(0.0, json.dumps({"error": "no"}).encode(), 422))
+    assert _timed_error(student, refusing)[1].endswith("HTTP 422: no")
+    assert "not asked again" not in _timed_error(student, refusing)[1]
 
 
 @pytest.mark.parametrize("body, words", [
@@ -207,6 +249,7 @@ def test_bench_times_the_remote_deferral_beside_the_local_one(student_dir, disti
     ("http://", {}, "expected an http(s) URL"),
     ("http://host:8000", {"timeout_s": 0}, "timeout must be positive"),
     ("http://host:8000", {"max_states": 0}, "max_states must be a positive integer"),
+    ("http://host:8000", {"cooldown_s": -1}, "cooldown must be 0 or more"),
 ])
 def test_a_bad_setting_is_refused_by_name(url, kwargs, words):
     with pytest.raises(InputError, match="defer_to") as err:

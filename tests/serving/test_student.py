@@ -146,7 +146,7 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
                 == {"deferred_questions": ["department"], "teacher_input_tokens": want["usage"]["teacher_input_tokens"],
                     "deferral_error": None}
         engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
-        assert engine["defer_to"] == {"url": teacher_server.url, "timeout_s": 5.0, "max_states": 64}
+        assert engine["defer_to"] == {"url": teacher_server.url, "timeout_s": 5.0, "max_states": 64, "cooldown_s": 5.0}
 
         teacher_server.stop()
         r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
