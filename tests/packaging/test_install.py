@@ -92,39 +92,69 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
+def _wait_ready(server: subprocess.Popen, port: int, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{what} did not start:\n" + server.stderr.read()[-3000:]) from None
+            time.sleep(0.3)
+
+
 def test_base_install_runs_and_serves_a_student_without_torch(wheel, student, tmp_path):
+    """...and hands its unsure answers to a teacher on a server (the checkpoint it was distilled from, served from
+    the project's venv): in process and behind `pagoda serve --defer-to`, still without torch."""
+    import laya
+    from distill.deferral import Deferral, parse_below
     from distill.runtime import Student
 
-    bin_dir = venv(tmp_path / "edge", str(wheel))
-    script = ("import importlib.util, json, sys\n"
-              "assert importlib.util.find_spec('torch') is None, 'torch is installed in the edge venv'\n"
-              "assert importlib.util.find_spec('transformers') is None\n"
-              "from distill.runtime import Student\n"
-              "s = Student(sys.argv[1])\n"
-              "print(json.dumps(s.predict_batch(json.loads(sys.argv[2]))))\n")
-    edge = json.loads(run([str(bin_dir / "python"), "-c", script, str(student), json.dumps(STATES)], cwd=tmp_path))
-    here = Student(student).predict_batch(STATES)
-    assert [r["answers"] for r in edge] == [r["answers"] for r in here]
-
-    port = _free_port()
-    server = subprocess.Popen([str(bin_dir / "pagoda"), "serve", "--student", str(student), "--port", str(port)],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    teacher_port = _free_port()
+    teacher = subprocess.Popen([sys.executable, "-m", "serving.cli", "serve", "--model", str(FIXTURE),
+                                "--port", str(teacher_port)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PAGODA_GENERATE_MODEL": "none", "PAGODA_TORCH_THREADS": "1",
+                                    "HF_HUB_OFFLINE": "1"})
+    server = None
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("edge server did not start:\n" + server.stderr.read()[-3000:]) from None
-                time.sleep(0.3)
+        bin_dir = venv(tmp_path / "edge", str(wheel))
+        _wait_ready(teacher, teacher_port, "the teacher server")
+        teacher_url = f"http://127.0.0.1:{teacher_port}"
+        script = ("import importlib.util, json, sys\n"
+                  "assert importlib.util.find_spec('torch') is None, 'torch is installed in the edge venv'\n"
+                  "assert importlib.util.find_spec('transformers') is None\n"
+                  "from distill.deferral import Deferral, parse_below\n"
+                  "from distill.remote_teacher import RemoteTeacher\n"
+                  "from distill.runtime import Student\n"
+                  "s = Student(sys.argv[1])\n"
+                  "states = json.loads(sys.argv[2])\n"
+                  "d = Deferral(RemoteTeacher(sys.argv[3]), parse_below('department=1', s.questions))\n"
+                  "print(json.dumps([s.predict_batch(states), s.predict_batch(states, defer=d)]))\n")
+        edge, edge_deferred = json.loads(run([str(bin_dir / "python"), "-c", script, str(student),
+                                              json.dumps(STATES), teacher_url], cwd=tmp_path))
+        here = Student(student).predict_batch(STATES)
+        assert [r["answers"] for r in edge] == [r["answers"] for r in here]
+        local = Deferral(laya.load(str(FIXTURE), threads=1), parse_below("department=1", TASK["questions"]))
+        here_deferred = Student(student).predict_batch(STATES, defer=local)
+        assert [r["answers"] for r in edge_deferred] == [r["answers"] for r in here_deferred]
+        assert all(r["usage"]["deferred_questions"] == ["department"] for r in edge_deferred)
+
+        port = _free_port()
+        server = subprocess.Popen([str(bin_dir / "pagoda"), "serve", "--student", str(student), "--port", str(port),
+                                   "--defer-below", "department=1", "--defer-to", teacher_url],
+                                  cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _wait_ready(server, port, "the edge server", timeout=60)
         got = _post(f"http://127.0.0.1:{port}/decide", {"state": STATES[0]})
-        assert got["answers"] == here[0]["answers"]
+        assert got["answers"] == here_deferred[0]["answers"]
+        assert got["answers"]["churn"]["answered_by"] == "student"
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for proc in (server, teacher):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
 
 
 def test_all_install_decides_and_builds_the_default_from_package_data(wheel, tmp_path):
