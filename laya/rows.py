@@ -76,7 +76,8 @@ def state_text(state: Any, where: str = "state") -> str:
         text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
     except RecursionError:
         raise InputError(f"{where}: nests too deeply to be read as JSON", field=where) from None
-    except ValueError as exc:  # a NaN is fine (Python's json writes it), a circular reference is not
+    except (ValueError, TypeError) as exc:  # a NaN is fine (Python's json writes it); a circular reference or a
+        # value JSON has no type for (a datetime, a set: Python callers only) is not
         raise InputError(f"{where}: cannot be written as JSON: {exc}", field=where) from None
     if not is_text(text):
         raise InputError(f"{where}: contains an unpaired UTF-16 surrogate (not text a tokenizer can read)",

@@ -183,6 +183,9 @@ def test_unreadable_states_name_the_state(agent):
     circular["self"] = circular
     with pytest.raises(InputError, match="cannot be written as JSON"):
         agent.predict(circular, {"q": OK})
+    with pytest.raises(InputError, match="cannot be written as JSON: Object of type set") as err:
+        agent.predict({"message": "refund please", "tags": {"billing"}}, {"q": OK})
+    assert err.value.path == "state"
     # a surrogate pair in JSON (an emoji written as two escapes) decodes to one character: text, and answers
     emoji = json.loads('"billed twice \\ud83d\\ude00"')
     assert emoji.endswith("\U0001f600") and agent.predict(emoji, {"q": OK})["answers"]["q"]["type"] == "choice"
