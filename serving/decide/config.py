@@ -31,6 +31,8 @@ class DecideConfig(Settings):
     defer_timeout_s: float = option(10.0, "with --defer-to: the longest a request waits for the remote teacher; "
                                           "past it the answers stay the student's (usage.deferral_error)",
                                     positive=True)
+    defer_max_states: int = option(64, "with --defer-to: most states in one call to the remote teacher (at most "
+                                       "its --max-states)", minimum=1)
     defer_cooldown_s: float = option(5.0, "with --defer-to: after the remote teacher seemed down (no connection, a "
                                            "timeout, a 5xx), how long to keep the student's answers without asking",
                                      minimum=0)
@@ -80,7 +82,7 @@ class DecideConfig(Settings):
                 raise ValueError(f"give either --model or {self.where('defer_to')}: one teacher takes the "
                                  "student's unsure answers")
             RemoteTeacher(self.defer_to, timeout_s=self.defer_timeout_s, cooldown_s=self.defer_cooldown_s,
-                          field=self.where("defer_to"))
+                          max_states=self.defer_max_states, field=self.where("defer_to"))
         if self.model and self.student and self.defer_below is None:
             raise ValueError("give either --model or --student, not both (or both with --defer-below: the student "
                              "answers, the model takes its unsure answers)")

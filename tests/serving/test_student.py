@@ -131,7 +131,8 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
     folder, _ = student
     teacher_server = ServerProcess(tmp_path / "teacher.log", ["--model", str(TINY_BERT)]).running()
     server = ServerProcess(tmp_path / "edge.log", ["--student", str(folder), "--defer-below", "department=1,churn=0",
-                                                   "--defer-to", teacher_server.url, "--defer-timeout-s", "5"]).running()
+                                                   "--defer-to", teacher_server.url, "--defer-timeout-s", "5",
+                                                   "--defer-max-states", "2"]).running()
     try:
         local = Student(folder)
         here = Deferral(laya.load(str(TINY_BERT), threads=1), parse_below("department=1,churn=0", local.questions))
@@ -146,7 +147,7 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
                 == {"deferred_questions": ["department"], "teacher_input_tokens": want["usage"]["teacher_input_tokens"],
                     "deferral_error": None}
         engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
-        assert engine["defer_to"] == {"url": teacher_server.url, "timeout_s": 5.0, "max_states": 64, "cooldown_s": 5.0}
+        assert engine["defer_to"] == {"url": teacher_server.url, "timeout_s": 5.0, "max_states": 2, "cooldown_s": 5.0}
 
         teacher_server.stop()
         r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
