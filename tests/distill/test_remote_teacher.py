@@ -9,9 +9,7 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -134,49 +132,9 @@ def test_no_server_leaves_the_student_s_answers(pair):
     _student_kept(student, STATES, out, "refused")
 
 
-class _Canned(BaseHTTPRequestHandler):
-    """A server that waits `delay` seconds, then answers `body` with `status`, whatever it was asked."""
-
-    delay = 0.0
-    body = b"{}"
-    status = 200
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers["Content-Length"]))
-        time.sleep(self.delay)
-        try:
-            self.send_response(self.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(self.body)))
-            self.end_headers()
-            self.wfile.write(self.body)
-        except OSError:
-            pass   # the client gave up first
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def canned():
-    servers = []
-
-    def start(delay: float, body: bytes, status: int = 200) -> str:
-        handler = type("Handler", (_Canned,), {"delay": delay, "body": body, "status": status})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
-
-def test_a_slow_server_costs_at_most_the_timeout(pair, canned):
+def test_a_slow_server_costs_at_most_the_timeout(pair, canned_http):
     student, _ = pair
-    url = canned(3.0, b"{}")
+    url = canned_http(3.0, b"{}")
     t0 = time.monotonic()
     out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(url, timeout_s=0.3), parse_below(1, QUESTIONS)))
     assert time.monotonic() - t0 < 2.5   # one request, one timeout: no retries
@@ -189,11 +147,11 @@ def _timed_error(student: Student, teacher: RemoteTeacher) -> tuple[float, str]:
     return time.monotonic() - t0, out["usage"]["deferral_error"]
 
 
-def test_a_server_that_seems_down_is_not_asked_again_for_the_cooldown(pair, canned):
+def test_a_server_that_seems_down_is_not_asked_again_for_the_cooldown(pair, canned_http):
     """After a timeout the next unsure answers stay the student's at once, with the same reason; with no cooldown
     each call waits again. A 5xx opens the cooldown too; a 4xx (a request the server refuses) does not."""
     student, _ = pair
-    slow = canned(3.0, b"{}")
+    slow = canned_http(3.0, b"{}")
     first = _timed_error(student, RemoteTeacher(slow, timeout_s=0.3, cooldown_s=60))
     cooled = RemoteTeacher(slow, timeout_s=0.3, cooldown_s=60)
     _timed_error(student, cooled)
@@ -203,10 +161,10 @@ def test_a_server_that_seems_down_is_not_asked_again_for_the_cooldown(pair, cann
     _timed_error(student, uncooled)
     took, why = _timed_error(student, uncooled)
     assert took >= 0.3 and "not asked again" not in why
-    busy = RemoteTeacher(canned(0.0, json.dumps({"error": {"message": "server busy"}}).encode(), 503))
+    busy = RemoteTeacher(canned_http(0.0, json.dumps({"error": {"message": "server busy"}}).encode(), 503))
     assert "HTTP 503: server busy" in _timed_error(student, busy)[1]
     assert "not asked again" in _timed_error(student, busy)[1]
-    refusing = RemoteTeacher(canned(0.0, json.dumps({"error": "no"}).encode(), 422))
+    refusing = RemoteTeacher(canned_http(0.0, json.dumps({"error": "no"}).encode(), 422))
     assert _timed_error(student, refusing)[1].endswith("HTTP 422: no")
     assert "not asked again" not in _timed_error(student, refusing)[1]
 
@@ -216,9 +174,9 @@ def test_a_server_that_seems_down_is_not_asked_again_for_the_cooldown(pair, cann
     (json.dumps({"results": []}).encode(), "is not 6 results"),
     (json.dumps({"results": [{"answers": {"department": {}}}] * 6}).encode(), "answering ['churn', 'department'"),
 ])
-def test_a_body_that_is_not_answers_leaves_the_student_s(pair, canned, body, words):
+def test_a_body_that_is_not_answers_leaves_the_student_s(pair, canned_http, body, words):
     student, _ = pair
-    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(canned(0.0, body)), parse_below(1, QUESTIONS)))
+    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(canned_http(0.0, body)), parse_below(1, QUESTIONS)))
     _student_kept(student, STATES, out, words)
 
 

@@ -164,6 +164,37 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
         teacher_server.stop()
 
 
+def test_a_slow_remote_teacher_holds_up_no_other_request(student, tmp_path, canned_http):
+    """A request waiting on the remote teacher (a server that takes 4 s) waits on its own thread: a request with
+    nothing to defer, sent after it, is answered while the first still waits; then the first gets the teacher's
+    answer."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder, _ = student
+    answer = {"type": "choice", "choice": "billing", "probabilities": {}, "confidence": 1.0, "answer_confidence": 1.0}
+    slow = canned_http(4.0, json.dumps({"results": [{"answers": {"department": answer},
+                                                     "usage": {"input_tokens": 7}}]}).encode())
+    server = ServerProcess(tmp_path / "edge.log", ["--student", str(folder), "--defer-below", "department=1,churn=0",
+                                                   "--defer-to", slow]).running()
+    state = "I was charged twice this month, refund me or I cancel."
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            waiting = pool.submit(requests.post, server.url + "/decide",
+                                  json={"state": state, "questions": {"department": TASK["questions"]["department"]}},
+                                  timeout=60)
+            assert slow.arrived.wait(30)   # the first request is with the teacher
+            quick = requests.post(server.url + "/decide",
+                                  json={"state": state, "questions": {"churn": TASK["questions"]["churn"]}}, timeout=60)
+            assert quick.status_code == 200 and not waiting.done()
+            assert quick.json()["answers"]["churn"]["answered_by"] == "student"
+            got = waiting.result().json()
+        assert got["answers"]["department"] == {**answer, "answered_by": "teacher"}
+        assert got["usage"]["teacher_input_tokens"] == 7
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--defer-below", "0.5"], "--defer-below / PAGODA_DEFER_BELOW needs --student"),
     (["--student", "{folder}", "--defer-to", "http://127.0.0.1:9"], "--defer-to / PAGODA_DEFER_TO needs --defer-below"),
