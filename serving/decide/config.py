@@ -28,7 +28,7 @@ class DecideConfig(Settings):
                                            "question or QUESTION=NUMBER,... (docs/distill.md, deferring)")
     defer_to: str | None = option(None, "with --defer-below: the base URL of a pagoda server (a Laya model) whose "
                                         "/decide/batch takes the unsure answers, instead of a model loaded here")
-    defer_timeout_s: float = option(10.0, "with --defer-to: the longest a request waits for the remote teacher; "
+    defer_timeout_s: float = option(10.0, "with --defer-to: the longest one call to the remote teacher may take; "
                                           "past it the answers stay the student's (usage.deferral_error)",
                                     positive=True)
     defer_max_states: int = option(64, "with --defer-to: most states in one call to the remote teacher (at most "
