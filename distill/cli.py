@@ -47,9 +47,12 @@ def register(commands: Any, bench: Any) -> None:
                         "deferred to the teacher, and print its agreement with the teacher and the share deferred "
                         "on --data (docs/distill.md, deferring)")
     b.add_argument("--defer-to", default=None, metavar="URL",
-                   help="with --defer-below: the deferred answers come from this pagoda server's /decide/batch "
-                        "(a Laya model) instead of the teacher loaded here, which stays the baseline and runs "
-                        "the same deferral first; the server's key, if any, from $PAGODA_DEFER_API_KEY")
+                   help="with --defer-below: the deferred answers come from this Laya server's "
+                        "/v1/systemone/batch (pagoda serve or laya-serve) instead of the teacher loaded here, which "
+                        "stays the baseline and runs the same deferral first; the server's key, if any, from "
+                        "$PAGODA_DEFER_API_KEY")
+    b.add_argument("--defer-model", default=None, metavar="NAME",
+                   help="with --defer-to: the checkpoint a laya-serve answers with")
     b.set_defaults(func=_bench)
 
 
@@ -149,7 +152,8 @@ def _bench(args: argparse.Namespace) -> int:
                 try:
                     rows[name][tname], fidelity[name] = deferral_latency(path, source, args.defer_below, n, states,
                                                                          remote=remote, singles=args.singles,
-                                                                         api_key=os.environ.get("PAGODA_DEFER_API_KEY"))
+                                                                         api_key=os.environ.get("PAGODA_DEFER_API_KEY"),
+                                                                         model=args.defer_model)
                 except RuntimeError as exc:
                     print(f"pagoda bench distill: error: --defer-to {remote}: {exc}", file=sys.stderr)
                     return 1

@@ -6,7 +6,7 @@ Re-asking the teacher only those (state, question) pairs buys back agreement at 
 the share of answers under the threshold, which the report and `pagoda bench distill --defer-below` measure.
 
 The teacher is anything with laya's `predict_batch(states, questions)`, passed in by the caller: a `laya.load` agent
-in the same process, or a `distill.remote_teacher.RemoteTeacher` (a pagoda server, for students on the edge). This
+in the same process, or a `distill.remote_teacher.RemoteTeacher` (a Laya server, for students on the edge). This
 module imports no model code, so `distill.runtime` stays torch-free. Each answer the teacher gives
 replaces the student's whole answer (its probabilities, confidence and `action.act_probability`), and every
 answer says who gave it (`answered_by`). A pair's answer does not depend on what shares its batch: the student's

@@ -74,12 +74,13 @@ def teacher_latency(teacher: str | None, questions: dict, threads: int, states: 
 
 
 def deferral_latency(path, teacher: str | None, below: Any, threads: int, states: list[str],
-                     remote: str | None = None, api_key: str | None = None,
+                     remote: str | None = None, api_key: str | None = None, model: str | None = None,
                      **kw: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """The student with its unsure answers deferred to `teacher` (`distill.deferral`), both at `threads`:
     (latency as `measure` gives it, per question {agreement with the teacher alone, share deferred} on `states`).
-    With `remote` (a pagoda server's URL; `api_key` its key) the deferred answers come from there, and agreement is still counted
-    against `teacher` in this process, so a server that runs another model shows as disagreement.
+    With `remote` (a Laya server's URL; `api_key` its key, `model` its checkpoint) the deferred answers come from
+    there, and agreement is still counted against `teacher` in this process, so a server that runs another model
+    shows as disagreement.
 
     At batch 1 a state either stays on the student or also waits for the teacher, so p50 and p99 part ways;
     the batch-32 figure is the mean cost per state."""
@@ -93,7 +94,7 @@ def deferral_latency(path, teacher: str | None, below: Any, threads: int, states
 
     s = Student(path, threads=threads)
     agent = laya.load(teacher, threads=threads)
-    d = Deferral(RemoteTeacher(remote, api_key=api_key, field="--defer-to") if remote else agent,
+    d = Deferral(RemoteTeacher(remote, api_key=api_key, model=model, field="--defer-to") if remote else agent,
                  parse_below(below, s.questions, "--defer-below"))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -1,10 +1,14 @@
-"""A teacher on another machine: a pagoda server's `/decide/batch` answers a student's unsure questions.
+"""A teacher on another machine: a Laya server's `/v1/systemone/batch` answers a student's unsure questions.
 
 Why: a student is built for the edge (onnxruntime, tokenizers, numpy), where its teacher usually is not; the
-teacher runs once, on a server (`pagoda serve`, a Laya model), for every edge process. Deferring over HTTP
-keeps the edge install as it is: urllib3 is already a base dependency (the gateway's pools), and this module
-imports no model code. It has laya's `predict_batch(states, questions, **budgets)`, so `distill.deferral`
-treats it like a local agent.
+teacher runs once, on a server, for every edge process. Deferring over HTTP keeps the edge install as it is:
+urllib3 is already a base dependency (the gateway's pools), and this module imports no model code. It has laya's
+`predict_batch(states, questions, **budgets)`, so `distill.deferral` treats it like a local agent.
+
+Why the `/v1/systemone` dialect and not pagoda's own `/decide/batch`: both `pagoda serve` and the official
+`laya-serve` (laya 0.4.15) speak it, with the answers laya gives plus `x_jev_confidence`, which is dropped here,
+so a student can defer to either and get the answers its teacher gives in process. `model` names the checkpoint
+a laya-serve should use (it routes between several); pagoda serves one and ignores it.
 
 The network can fail where a local model does not. Every failure (no connection, a timeout, a non-200 answer,
 a body that is not a batch of answers) raises `TeacherUnavailable`, whose message says which; `apply_deferral`
@@ -32,14 +36,15 @@ class TeacherUnavailable(RuntimeError):
 
 
 class RemoteTeacher:
-    """`url` is a pagoda server's base URL (`http://host:8000`); `api_key` its `PAGODA_API_KEY`, if it has one.
+    """`url` is the server's base URL (`http://host:8000`); `api_key` its key (`PAGODA_API_KEY`, `LAYA_API_KEY`),
+    if it has one; `model` the checkpoint a laya-serve should answer with.
 
     `max_states` states go in one request (the server's `--max-states`, 64 by default, refuses more);
     `timeout_s` bounds each request, connecting included; for `cooldown_s` after the server seemed down (0: never
     wait) every call fails at once with the reason it was given."""
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, api_key: str | None = None, max_states: int = 64,
-                 cooldown_s: float = 5.0, field: str = "defer_to"):
+                 cooldown_s: float = 5.0, model: str | None = None, field: str = "defer_to"):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise InputError(f"{field}: expected an http(s) URL such as http://host:8000, got {url!r}", field=field)
@@ -53,6 +58,7 @@ class RemoteTeacher:
         self.timeout_s = float(timeout_s)
         self.max_states = max_states
         self.cooldown_s = float(cooldown_s)
+        self.model = model
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._down_reason = ""
@@ -71,12 +77,13 @@ class RemoteTeacher:
         return out
 
     def _post(self, states: list[Any], questions: dict, budgets: dict) -> list[dict[str, Any]]:
-        where = f"{self.url}/decide/batch"
+        where = f"{self.url}/v1/systemone/batch"
         with self._lock:
             wait = self._down_until - time.monotonic()
             if wait > 0:
                 raise TeacherUnavailable(f"{self._down_reason} (not asked again for {wait:.1f} s)")
-        body = json.dumps({"states": states, "questions": questions, **budgets}).encode()
+        body = json.dumps({"states": states, "questions": questions, **budgets,
+                           **({"model": self.model} if self.model else {})}).encode()
         try:
             resp = self._pool.request("POST", where, body=body, headers=self._headers)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -86,17 +93,19 @@ class RemoteTeacher:
         except ValueError:
             data = None
         if resp.status != 200:
-            error = data.get("error") if isinstance(data, dict) else None
+            error = data.get("error", data.get("detail")) if isinstance(data, dict) else None  # FastAPI: `detail`
             message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
             reason = f"{where}: HTTP {resp.status}" + (f": {message}" if message else "")
             raise self._down(reason) if resp.status >= 500 else TeacherUnavailable(reason)
         results = data.get("results") if isinstance(data, dict) else None
         if (not isinstance(results, list) or len(results) != len(states)
                 or not all(isinstance(r, dict) and isinstance(r.get("answers"), dict)
-                           and all(n in r["answers"] for n in questions) for r in results)):
+                           and all(isinstance(r["answers"].get(n), dict) for n in questions) for r in results)):
             raise TeacherUnavailable(f"{where}: the answer is not {len(states)} results answering "
                                      f"{sorted(questions)}")
-        return [{"answers": r["answers"], "usage": r.get("usage", {})} for r in results]
+        return [{"answers": {n: {k: v for k, v in r["answers"][n].items() if k != "x_jev_confidence"}
+                             for n in questions},
+                 "usage": r.get("usage", {})} for r in results]
 
     def _down(self, reason: str) -> TeacherUnavailable:
         with self._lock:
@@ -106,7 +115,7 @@ class RemoteTeacher:
 
     def describe(self) -> dict[str, Any]:
         """For `/stats`: where the teacher is, never its key."""
-        return {"url": self.url, "timeout_s": self.timeout_s, "max_states": self.max_states,
+        return {"url": self.url, "model": self.model, "timeout_s": self.timeout_s, "max_states": self.max_states,
                 "cooldown_s": self.cooldown_s}
 
 

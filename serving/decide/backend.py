@@ -144,7 +144,8 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
         deferral = None
         if cfg.defer_below is not None:
             teacher = (RemoteTeacher(cfg.defer_to, timeout_s=cfg.defer_timeout_s, api_key=cfg.defer_api_key,
-                                     max_states=cfg.defer_max_states, cooldown_s=cfg.defer_cooldown_s)
+                                     max_states=cfg.defer_max_states, cooldown_s=cfg.defer_cooldown_s,
+                                     model=cfg.defer_model)
                        if cfg.defer_to else _load_laya(cfg))
             deferral = Deferral(teacher, parse_below(cfg.defer_below, student.questions, "defer_below"))
         return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None, deferral)

@@ -26,8 +26,11 @@ class DecideConfig(Settings):
     defer_below: str | None = option(None, "with --student: the Laya model (--model, default laya-mini) answers "
                                            "each answer whose answer_confidence is under this; one number for every "
                                            "question or QUESTION=NUMBER,... (docs/distill.md, deferring)")
-    defer_to: str | None = option(None, "with --defer-below: the base URL of a pagoda server (a Laya model) whose "
-                                        "/decide/batch takes the unsure answers, instead of a model loaded here")
+    defer_to: str | None = option(None, "with --defer-below: the base URL of a Laya server (pagoda serve, or the "
+                                        "official laya-serve) whose /v1/systemone/batch takes the unsure answers, "
+                                        "instead of a model loaded here")
+    defer_model: str | None = option(None, "with --defer-to: the checkpoint a laya-serve answers with (its `model` "
+                                           "field; pagoda serve ignores it)")
     defer_timeout_s: float = option(10.0, "with --defer-to: the longest one call to the remote teacher may take; "
                                           "past it the answers stay the student's (usage.deferral_error)",
                                     positive=True)
@@ -83,6 +86,8 @@ class DecideConfig(Settings):
                                  "student's unsure answers")
             RemoteTeacher(self.defer_to, timeout_s=self.defer_timeout_s, cooldown_s=self.defer_cooldown_s,
                           max_states=self.defer_max_states, field=self.where("defer_to"))
+        elif self.defer_model is not None:
+            raise ValueError(f"{self.where('defer_model')} needs --defer-to")
         if self.model and self.student and self.defer_below is None:
             raise ValueError("give either --model or --student, not both (or both with --defer-below: the student "
                              "answers, the model takes its unsure answers)")

@@ -87,7 +87,8 @@ def test_the_server_answers_as_the_teacher_here_does(pair, teacher_url):
     assert there == here
     assert all(r["usage"]["deferral_error"] is None for r in there)
     assert 0 < sum(len(r["usage"]["deferred_questions"]) for r in there) < len(STATES) * len(QUESTIONS)
-    assert remote.describe() == {"url": teacher_url, "timeout_s": 10.0, "max_states": 2, "cooldown_s": 5.0}  # no key
+    assert remote.describe() == {"url": teacher_url, "model": None, "timeout_s": 10.0, "max_states": 2,
+                                 "cooldown_s": 5.0}  # no key
 
 
 def test_request_threads_share_one_remote_teacher(pair, teacher_url):
@@ -122,7 +123,7 @@ def test_a_refusing_server_leaves_the_student_s_answers(pair, teacher_url, kwarg
     states = STATES * 11
     out = student.predict_batch(states, defer=Deferral(RemoteTeacher(teacher_url, **kwargs), parse_below(1, QUESTIONS)))
     _student_kept(student, states, out, words)
-    assert out[0]["usage"]["deferral_error"].startswith(f"{teacher_url}/decide/batch: ")
+    assert out[0]["usage"]["deferral_error"].startswith(f"{teacher_url}/v1/systemone/batch: ")
 
 
 def test_no_server_leaves_the_student_s_answers(pair):

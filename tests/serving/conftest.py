@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from serving_support import API_KEY, GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, REPO, TINY_BERT, ServerProcess
+from serving_support import (
+    API_KEY,
+    GEN_ENGINE_FLAGS,
+    LONG_LLAMA_BLOCKS,
+    REPO,
+    STUDENT_TASK,
+    TINY_BERT,
+    ServerProcess,
+)
 
 
 @pytest.fixture(scope="session")
@@ -113,3 +121,21 @@ def gen(gen_servers):
 @pytest.fixture
 def tight(gen_servers):
     return gen_servers["tight"].running()
+
+
+@pytest.fixture(scope="session")
+def student_folder(tmp_path_factory):
+    """A linear student of the tiny BERT checkpoint (`STUDENT_TASK`), distilled by `pagoda distill` in seconds."""
+    import subprocess
+    import sys
+
+    from distill.corpus import write_corpus
+
+    d = tmp_path_factory.mktemp("student")
+    (d / "task.yaml").write_text(yaml.safe_dump(STUDENT_TASK, sort_keys=False))
+    data = write_corpus(d / "tickets.jsonl", 80, seed=3)
+    out = d / "serve-triage"
+    subprocess.run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(TINY_BERT), "--task",
+                    str(d / "task.yaml"), "--data", str(data), "--out", str(out), "--no-progress"],
+                   cwd=REPO, check=True, capture_output=True, timeout=900)
+    return out

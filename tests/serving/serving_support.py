@@ -121,3 +121,4 @@ SMALL_STUDENT_TASK = {  # a linear student over the tiny BERT: distils in second
     "export": {"check_rows": 8},
     "report": {"singles": 1, "teacher_singles": 1, "batches": 1, "batch_size": 2},
 }
+STUDENT_TASK = {**SMALL_STUDENT_TASK, "name": "serve-triage"}   # the `student_folder` fixture's

@@ -1,5 +1,5 @@
 """`pagoda serve --student DIR`: a distilled student behind /decide. Slow: it distils a student first
-(engineer E's `pagoda distill`, linear kind, ~2 minutes on 2 shared cores)."""
+(`student_folder`, conftest: `pagoda distill`, linear kind)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,16 @@ import sys
 
 import pytest
 import requests
-import yaml
-from serving_support import REPO, SMALL_STUDENT_TASK, TINY_BERT, ServerProcess
+from serving_support import REPO, TINY_BERT, ServerProcess
+from serving_support import STUDENT_TASK as TASK
 
 pytestmark = pytest.mark.slow
 
-TASK = {**SMALL_STUDENT_TASK, "name": "serve-triage"}
-
 
 @pytest.fixture(scope="module")
-def student(tmp_path_factory):
-    from distill.corpus import write_corpus
-
-    d = tmp_path_factory.mktemp("student")
-    (d / "task.yaml").write_text(yaml.safe_dump(TASK, sort_keys=False))
-    data = write_corpus(d / "tickets.jsonl", 80, seed=3)
-    out = d / "serve-triage"
-    subprocess.run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(TINY_BERT), "--task",
-                    str(d / "task.yaml"), "--data", str(data), "--out", str(out), "--no-progress"],
-                   cwd=REPO, check=True, capture_output=True, timeout=900)
-    server = ServerProcess(d / "serve.log", ["--student", str(out)])
-    yield out, server.running()
+def student(student_folder, tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("student-server") / "serve.log", ["--student", str(student_folder)])
+    yield student_folder, server.running()
     server.stop()
 
 
@@ -147,7 +136,8 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
                 == {"deferred_questions": ["department"], "teacher_input_tokens": want["usage"]["teacher_input_tokens"],
                     "deferral_error": None}
         engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
-        assert engine["defer_to"] == {"url": teacher_server.url, "timeout_s": 5.0, "max_states": 2, "cooldown_s": 5.0}
+        assert engine["defer_to"] == {"url": teacher_server.url, "model": None, "timeout_s": 5.0, "max_states": 2,
+                                      "cooldown_s": 5.0}
 
         teacher_server.stop()
         r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
@@ -200,6 +190,8 @@ def test_a_slow_remote_teacher_holds_up_no_other_request(student, tmp_path, cann
     (["--student", "{folder}", "--defer-to", "http://127.0.0.1:9"], "--defer-to / PAGODA_DEFER_TO needs --defer-below"),
     (["--student", "{folder}", "--defer-below", "0.5", "--defer-to", "localhost:8000"],
      "--defer-to / PAGODA_DEFER_TO: expected an http(s) URL"),
+    (["--student", "{folder}", "--defer-below", "0.5", "--defer-model", "tiny"],
+     "--defer-model / PAGODA_DEFER_MODEL needs --defer-to"),
     (["--student", "{folder}", "--defer-below", "0.5", "--model", str(TINY_BERT), "--defer-to", "http://127.0.0.1:9"],
      "give either --model or --defer-to / PAGODA_DEFER_TO"),
     (["--student", "{folder}", "--defer-below", "sentiment=0.5"], "['sentiment'] not among the student's questions"),
