@@ -143,6 +143,7 @@ def _bench(args: argparse.Namespace) -> int:
                   "recorded one)", file=sys.stderr)
             return 2
         from distill.latency import deferral_latency
+        from distill.remote_teacher import TeacherUnavailable
 
         # With --defer-to, the same deferral in this process runs first: the pair shows what the network costs.
         fidelity = {}
@@ -154,7 +155,7 @@ def _bench(args: argparse.Namespace) -> int:
                                                                          remote=remote, singles=args.singles,
                                                                          api_key=os.environ.get("PAGODA_DEFER_API_KEY"),
                                                                          model=args.defer_model)
-                except RuntimeError as exc:
+                except TeacherUnavailable as exc:
                     print(f"pagoda bench distill: error: --defer-to {remote}: {exc}", file=sys.stderr)
                     return 1
     base_name = "teacher" if "teacher" in rows else next(iter(rows))

@@ -88,7 +88,7 @@ def deferral_latency(path, teacher: str | None, below: Any, threads: int, states
 
     import laya
     from distill.deferral import Deferral, parse_below
-    from distill.remote_teacher import RemoteTeacher
+    from distill.remote_teacher import RemoteTeacher, TeacherUnavailable
     from distill.runtime import Student
     from laya.answers import top_option
 
@@ -102,7 +102,7 @@ def deferral_latency(path, teacher: str | None, below: Any, threads: int, states
         given = s.predict_batch(states, defer=d)
         failed = [g["usage"]["deferral_error"] for g in given if g["usage"]["deferral_error"]]
         if failed:
-            raise RuntimeError(f"the remote teacher gave no answer for {len(failed)} states: {failed[0]}")
+            raise TeacherUnavailable(f"no answer for {len(failed)} states: {failed[0]}")
         told = agent.predict_batch(states, s.questions, **s.teacher_budgets)
         fidelity = {q: {"agreement": float(np.mean([top_option(g["answers"][q]) == top_option(t["answers"][q])
                                                     for g, t in zip(given, told)])),

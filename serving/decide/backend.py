@@ -3,9 +3,9 @@
 `prepare` (request thread: validation, tokenisation; `InputError` → 422), `cost` (rows and tokens per
 row, for the batch limits), `run` (model worker: ONE pass over units from many requests, split back per
 unit) and `finish` (request thread: one request's answer JSONs, its units together); `describe` says what
-computes. Heavy imports happen
-in `load_backend`, in the serving process, so the gunicorn master and `pagoda --help` never import torch
-(and a Laya model on the CPU engines never does: `laya.load` picks the engine from `--precision`).
+computes. Heavy imports happen in `load_backend`, in the serving process, so the gunicorn master and `pagoda
+--help` never import torch (and a Laya model on the CPU engines never does: `laya.load` picks the engine from
+`--precision`).
 """
 
 from __future__ import annotations

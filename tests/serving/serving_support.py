@@ -106,8 +106,8 @@ class ServerProcess:
         return self.proc.returncode
 
 
-SMALL_STUDENT_TASK = {  # a linear student over the tiny BERT: distils in seconds; copy it and set `name`
-    "name": "small-triage", "text_field": "text",
+STUDENT_TASK = {  # the `student_folder` fixture's: a linear student over the tiny BERT, distilled in seconds
+    "name": "serve-triage", "text_field": "text",
     "questions": {
         "department": {"type": "choice", "instructions": "Which department should handle this ticket?",
                        "criteria": {"billing": "invoices, payments, refunds", "technical": "bugs, outages",
@@ -121,4 +121,3 @@ SMALL_STUDENT_TASK = {  # a linear student over the tiny BERT: distils in second
     "export": {"check_rows": 8},
     "report": {"singles": 1, "teacher_singles": 1, "batches": 1, "batch_size": 2},
 }
-STUDENT_TASK = {**SMALL_STUDENT_TASK, "name": "serve-triage"}   # the `student_folder` fixture's

@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 from prometheus_client import CollectorRegistry
-from serving_support import BILLING_STATE, REPO, SMALL_STUDENT_TASK, TINY_BERT, ServerProcess, heavy_questions
+from serving_support import BILLING_STATE, REPO, STUDENT_TASK, TINY_BERT, ServerProcess, heavy_questions
 
 from serving.decide.backend import LayaBackend
 from serving.decide.batcher import Batcher, BatchLimits, ModelError
@@ -379,21 +379,11 @@ def test_generation_bodies_are_400_naming_the_field(tight, path, body, field, wo
 
 # ---- a student server ------------------------------------------------------------------------------------------
 
-STUDENT_TASK = {**SMALL_STUDENT_TASK, "name": "hardening-triage"}
-
-
 @pytest.mark.slow
-def test_student_lists_only_presets_it_answers_and_refuses_deep_states(tmp_path):
-    """Distils a linear student first (~2 minutes on 2 shared cores), then serves it with a presets file of
-    one preset it was distilled for and the shipped ones it was not."""
-    from distill.corpus import write_corpus
-
-    (tmp_path / "task.yaml").write_text(yaml.safe_dump(STUDENT_TASK, sort_keys=False))
-    data = write_corpus(tmp_path / "tickets.jsonl", 80, seed=3)
-    out = tmp_path / "hardening-triage"
-    subprocess.run([sys.executable, "-m", "serving.cli", "distill", "--teacher", str(TINY_BERT), "--task",
-                    str(tmp_path / "task.yaml"), "--data", str(data), "--out", str(out), "--no-progress"],
-                   cwd=REPO, check=True, capture_output=True, timeout=900)
+def test_student_lists_only_presets_it_answers_and_refuses_deep_states(student_folder, tmp_path):
+    """Serves the linear student (`student_folder`) with a presets file of one preset it was distilled for and the
+    shipped ones it was not."""
+    out = student_folder
     shipped = yaml.safe_load((REPO / "serving/decide/presets.yaml").read_text())
     presets = tmp_path / "presets.yaml"
     presets.write_text(yaml.safe_dump({**shipped, "churn-only": {"churn": STUDENT_TASK["questions"]["churn"]},
