@@ -198,6 +198,7 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
     import numpy as np
 
     import laya
+    from distill.deferral import Deferral
     from distill.runtime import Student
     from distill.task import load_task
 
@@ -208,8 +209,10 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
     task = load_task(distill_inputs["task"])
     texts = [r["text"] for r in rows]
     with torch_threads(1):
-        teacher = laya.load(str(distill_inputs["teacher"])).predict_batch(texts, task.questions, batch_size=16)
-    student = Student(student_dir, precision="int8").predict_batch(texts)
+        agent = laya.load(str(distill_inputs["teacher"]))
+        teacher = agent.predict_batch(texts, task.questions, batch_size=16)
+    int8 = Student(student_dir, precision="int8")
+    student = int8.predict_batch(texts)
     def top(answer: dict) -> str:
         probs = answer.get("probabilities") or {"no": 1 - answer["noul"], "yes": answer["noul"]}
         return max(probs, key=probs.get)
@@ -218,11 +221,8 @@ def test_report_measures_agreement_on_the_eval_data_as_the_runtime_and_teacher_a
         want = float(np.mean([top(s["answers"][q]) == top(t["answers"][q]) for s, t in zip(student, teacher)]))
         assert other["students"]["encoder int8"][q]["agreement"] == pytest.approx(want, abs=1e-9), q
         # the deferral table: what `--defer-below 0.7` gives on this file, recomputed from the served answers
-        from distill.deferral import Deferral
-
         with torch_threads(1):
-            given = Student(student_dir, precision="int8").predict_batch(
-                texts, [q], defer=Deferral(laya.load(str(distill_inputs["teacher"])), {q: 0.7}))
+            given = int8.predict_batch(texts, [q], defer=Deferral(agent, {q: 0.7}))
         at = {c["threshold"]: c for c in other["students"]["encoder int8"][q]["deferral"]}[0.7]
         assert at["deferred"] == pytest.approx(np.mean([g["usage"]["deferred_questions"] == [q] for g in given]))
         assert at["agreement"] == pytest.approx(
