@@ -255,7 +255,10 @@ def _register_mini(commands: Any) -> None:
                         "OUT (a model soup) and the temperatures fitted on their calib rows pooled")
     f.add_argument("--mix", default=None, metavar="SOURCE=W,...",
                    help="batches drawn per source, e.g. intents=0.5,tickets=0.35,reviews=0.075,dialogs=0.075 (the "
-                        "default); handwritten=W adds datasets/handwritten_tickets_train.jsonl with its gold")
+                        "default); handwritten=W adds the hand-written training tickets with their gold")
+    f.add_argument("--train-tickets", nargs="+", default=None, metavar="FILE",
+                   help="the hand-written training tickets handwritten=W draws, one or more JSONL files with gold "
+                        "(default: datasets/handwritten_tickets_train.jsonl)")
     f.add_argument("--encoder-layers", default="3", metavar="N",
                    help="top encoder layers that train (default 3; 6: all of laya-mini's; more than the "
                         "encoder has: all)")
@@ -386,7 +389,8 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              kl_weight=_float_flag("--kl-weight", args.kl_weight),
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
                              label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
-                             calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets))
+                             calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets),
+                             train_tickets=args.train_tickets)
         progress = not args.no_progress
         summary = soup(cfg, seeds, progress=progress) if seeds is not None else finetune(cfg, progress=progress)
     except (ValueError, FileNotFoundError) as exc:

@@ -72,6 +72,7 @@ class FinetuneConfig:
     intents_calib: int = 300
     calib_sources: list[str] | None = None   # fit on these sources' calib rows only (None: all of CALIB_SOURCES;
                                              # "handwritten": datasets/handwritten_tickets_calib.jsonl)
+    train_tickets: list[str] | None = None   # what mix "handwritten" draws (None: datasets/handwritten_tickets_train.jsonl)
     seed: int = 0
     threads: int | None = None
     precision: str = "fp32"          # or "bf16": autocast forward (laya.training.trainer.check_precision)
@@ -114,6 +115,8 @@ class FinetuneConfig:
         check_precision(self.precision, "cpu")
         if self.calib_sources is not None and (not self.calib_sources or set(self.calib_sources) - set(CALIB_SOURCES)):
             raise ValueError(f"--calib-sources: give some of {list(CALIB_SOURCES)}, got {self.calib_sources!r}")
+        if self.train_tickets is not None and not self.mix.get("handwritten"):
+            raise ValueError("--train-tickets: only read with handwritten=W in --mix")
         unknown = set(self.mix) - set(MIX)
         if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
             raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")
@@ -262,7 +265,8 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.mix.get("handwritten"):
         from laya.corpus import handwritten
 
-        tickets = handwritten.read_tickets(handwritten.default_tickets(handwritten.TRAIN_FILE))
+        paths = cfg.train_tickets or [handwritten.default_tickets(handwritten.TRAIN_FILE)]
+        tickets = [t for p in paths for t in handwritten.read_tickets(Path(p), "--train-tickets")]
         by_source["handwritten"] = [it for i, ex in enumerate(handwritten.examples(tickets))
                                     for it in items_from_example(ex, f"handwritten:{i}")]
     names = [n for n, w in cfg.mix.items() if w > 0]

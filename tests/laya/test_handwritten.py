@@ -11,7 +11,8 @@ from laya.training.examples import items_from_example
 
 
 @pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE,
-                                  handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE])
+                                  handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE,
+                                  handwritten.TRAIN2_FILE])
 def test_ticket_files_are_valid(name):
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 60
@@ -47,16 +48,17 @@ def test_student_texts_are_not_evaluation_or_calibration_tickets():
 
 
 @pytest.mark.parametrize("name, prefix", [(handwritten.BLIND_FILE, "hb"), (handwritten.TRAIN_FILE, "ht"),
-                                          (handwritten.DEV_FILE, "hd"), (handwritten.DEV2_FILE, "he")])
+                                          (handwritten.DEV_FILE, "hd"), (handwritten.DEV2_FILE, "he"),
+                                          (handwritten.TRAIN2_FILE, "hn")])
 def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
-    """The blind, training and dev files (two) against every other ticket file: no text of one, nor a near-copy (more
+    """The blind, training (two) and dev files (two) against every other ticket file: no text of one, nor a near-copy (more
     than 40% of the words shared), and ids of their own. The blind file measures text no head, temperature or
     student choice has read; the training tickets must not teach it, nor the dev tickets that judge them."""
     import re
 
     words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
     files = [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.STUDENT_FILE, handwritten.BLIND_FILE,
-             handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE]
+             handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.TRAIN2_FILE]
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 75 and all(t["id"].startswith(prefix) for t in tickets)
     others = [text for other in files if other != name

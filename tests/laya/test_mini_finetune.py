@@ -57,6 +57,27 @@ def test_corpus_layers_zero_leaves_the_encoder_to_intent_batches(laya_tiny_bert,
     assert (w1["scorer.1.weight"] - w0["scorer.1.weight"]).abs().max() > 1e-3
 
 
+def test_train_tickets_names_the_files_handwritten_draws(laya_tiny_bert, data, tmp_path, monkeypatch):  # noqa: F811
+    """`--train-tickets A B`: the mix's hand-written batches come from those files, all of them, and no other; the
+    flag without handwritten=W in the mix is refused rather than silently unread."""
+    from laya.corpus import handwritten
+
+    read = []
+    real = handwritten.read_tickets
+    monkeypatch.setattr(handwritten, "read_tickets", lambda path, *a: read.append(path.name) or real(path, *a))
+    files = [str(handwritten.default_tickets(n)) for n in (handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE)]
+    base = dict(init=laya_tiny_bert, data=str(data), steps=2, batch_size=8, window_batches=2, corpus=TINY_CORPUS,
+                intents_calib=0, calib_sources=["tickets"], threads=1, train_tickets=files)
+    summary = finetune(FinetuneConfig(out=str(tmp_path / "ft"), mix={"handwritten": 1.0}, **base), progress=False)
+    assert summary["steps_by_source"] == {"handwritten": 2}
+    assert read == [handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE]
+    with pytest.raises(ValueError, match="--train-tickets"):
+        FinetuneConfig(out=str(tmp_path / "ft2"), mix={"tickets": 1.0}, **base).validate()
+    with pytest.raises(FileNotFoundError, match="--train-tickets"):
+        finetune(FinetuneConfig(out=str(tmp_path / "ft3"), mix={"handwritten": 1.0},
+                                **{**base, "train_tickets": [str(tmp_path / "missing.jsonl")]}), progress=False)
+
+
 def test_handwritten_in_the_mix_trains_on_the_training_tickets_gold(laya_tiny_bert, data, tmp_path,  # noqa: F811
                                                                      monkeypatch):
     """`--mix handwritten=W`: batches of datasets/handwritten_tickets_train.jsonl (never the evaluation, blind,
