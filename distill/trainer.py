@@ -40,6 +40,15 @@ def distill_loss(logits: torch.Tensor, heads: list[dict], scores: set[str], targ
     return loss
 
 
+def sharpen(targets: dict[str, np.ndarray], temperature: float) -> dict[str, np.ndarray]:
+    """softmax(log p / T) per row: the distributions a student trains on when `student.target_temperature` < 1
+    puts more of each row's weight on the teacher's answer than the teacher's calibrated confidence does."""
+    if temperature == 1.0:
+        return targets
+    return {k: softmax(np.log(np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1.0)), temperature).astype(p.dtype)
+            for k, p in targets.items()}
+
+
 @torch.no_grad()
 def predict_logits(model: EncoderStudent, ids: list[list[int]], batch_size: int = 64) -> np.ndarray:
     model.eval()
@@ -55,7 +64,8 @@ def predict_logits(model: EncoderStudent, ids: list[list[int]], batch_size: int 
 def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.ndarray], val_ids: list[list[int]],
                   val_t: dict[str, np.ndarray], progress: bool = True,
                   teacher: Path | None = None) -> tuple[EncoderStudent, list[dict]]:
-    """Returns the student with the lowest validation KL over epochs, and the per-epoch history.
+    """Returns the student with the lowest validation KL over epochs (to the targets it trains on, sharpened by
+    `student.target_temperature`), and the per-epoch history.
 
     `teacher` is the teacher's checkpoint folder, read when `student.init` is `teacher`."""
     from tqdm.auto import tqdm
@@ -78,6 +88,7 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warm) * max(0.05, 1.0 - i / steps))
+    train_t, val_t = sharpen(train_t, s.target_temperature), sharpen(val_t, s.target_temperature)
     tt = {k: torch.tensor(v, dtype=torch.float32) for k, v in train_t.items()}
     best, best_kl, history = None, float("inf"), []
     with tqdm(total=steps, desc=f"train {s.layers}-layer student", unit="step", disable=not progress) as bar:

@@ -47,6 +47,9 @@ def _with(path: str, value):
     ("report.singles", 0, "task.report.singles"),
     ("export.int8_activations", "per-row", "task.export.int8_activations"),
     ("student.init", "bert", "task.student.init"),
+    ("student.target_temperature", 0, "task.student.target_temperature"),
+    ("student.target_temperature", True, "task.student.target_temperature"),
+    ("student.target_temperature", 9, "task.student.target_temperature"),
 ])
 def test_errors_name_the_field(path, value, needle):
     with pytest.raises(ValueError, match=needle.replace(".", r"\.").replace("(", r"\(")):
@@ -62,6 +65,22 @@ def test_init_layers_must_name_as_many_increasing_layers_as_the_student_has(pick
         parse_task(raw)
     raw["student"]["init_layers"] = [0, 2, 5]
     assert parse_task(raw).student.init_layers == [0, 2, 5]
+
+
+def test_target_temperature_sharpens_each_row_towards_its_answer():
+    """T < 1 keeps every row's argmax and raises its weight; T = 1 trains on the teacher's distributions as they are."""
+    import numpy as np
+
+    from distill.trainer import sharpen
+
+    t = {"urgency": np.array([[0.47, 0.44, 0.09], [0.2, 0.3, 0.5]], dtype=np.float32), "churn": np.array([[1.0, 0.0]])}
+    assert sharpen(t, 1.0) is t
+    s = sharpen(t, 0.5)
+    np.testing.assert_allclose(s["urgency"][1], np.array([0.04, 0.09, 0.25]) / 0.38, rtol=1e-5)
+    assert s["urgency"].dtype == np.float32 and np.allclose(s["urgency"].sum(1), 1)
+    assert (s["urgency"].argmax(1) == t["urgency"].argmax(1)).all() and (s["urgency"].max(1) > t["urgency"].max(1)).all()
+    np.testing.assert_allclose(s["churn"], [[1.0, 0.0]], atol=1e-12)
+    assert parse_task(_with("student.target_temperature", 0.5)).student.target_temperature == 0.5
 
 
 def test_unknown_top_level_field_and_missing_questions():
