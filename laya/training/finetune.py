@@ -33,8 +33,9 @@ from typing import Any
 from laya.training.losses import LossWeights
 
 MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075, "handwritten": 0.0}
-# "handwritten" in the mix: datasets/handwritten_tickets_train.jsonl under the support-triage questions, their gold
-# as targets (off by default: the only natural tickets with gold a run may train on; treated as corpus rows)
+# "handwritten" in the mix: the --train-tickets files (datasets/handwritten_tickets_train.jsonl unless named) under the
+# support-triage questions, their gold as targets (off by default: the only natural tickets with gold a run may train
+# on; treated as corpus rows)
 CALIB_SOURCES = ("tickets", "reviews", "dialogs", "intents", "handwritten")   # the `source` of calib file rows
 
 
@@ -115,8 +116,9 @@ class FinetuneConfig:
         check_precision(self.precision, "cpu")
         if self.calib_sources is not None and (not self.calib_sources or set(self.calib_sources) - set(CALIB_SOURCES)):
             raise ValueError(f"--calib-sources: give some of {list(CALIB_SOURCES)}, got {self.calib_sources!r}")
-        if self.train_tickets is not None and not self.mix.get("handwritten"):
-            raise ValueError("--train-tickets: only read with handwritten=W in --mix")
+        if self.train_tickets is not None and not (self.train_tickets and self.mix.get("handwritten")):
+            raise ValueError(f"--train-tickets: give one or more files, read only with handwritten=W in --mix; got "
+                             f"{self.train_tickets!r} with mix {self.mix!r}")
         unknown = set(self.mix) - set(MIX)
         if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
             raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")

@@ -73,6 +73,8 @@ def test_train_tickets_names_the_files_handwritten_draws(laya_tiny_bert, data, t
     assert read == [handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE]
     with pytest.raises(ValueError, match="--train-tickets"):
         FinetuneConfig(out=str(tmp_path / "ft2"), mix={"tickets": 1.0}, **base).validate()
+    with pytest.raises(ValueError, match="--train-tickets: give one or more files"):
+        FinetuneConfig(out=str(tmp_path / "ft2"), mix={"handwritten": 1.0}, **{**base, "train_tickets": []}).validate()
     with pytest.raises(FileNotFoundError, match="--train-tickets"):
         finetune(FinetuneConfig(out=str(tmp_path / "ft3"), mix={"handwritten": 1.0},
                                 **{**base, "train_tickets": [str(tmp_path / "missing.jsonl")]}), progress=False)
