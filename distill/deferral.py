@@ -80,7 +80,8 @@ def parse_below(value: Any, questions: Iterable[str], field: str = "defer_below"
 
 
 def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str, Any]],
-                   definitions: dict[str, dict[str, Any]], budgets: dict[str, Any] | None = None) -> None:
+                   definitions: dict[str, dict[str, Any]], budgets: dict[str, Any] | None = None,
+                   deadline: float | None = None) -> None:
     """Replace, in place, each answer of `results` (the student's, one dict per state with `answers` and `usage`)
     under its threshold by the teacher's.
 
@@ -88,7 +89,12 @@ def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str
     the `budgets` it labelled under. States with the same set of unsure questions share one teacher call. Each
     state's usage gains `deferred_questions` (those the teacher answered), `teacher_input_tokens` and
     `deferral_error`: None, or why an unavailable teacher (`TeacherUnavailable`) left its unsure answers the
-    student's."""
+    student's.
+
+    `deadline` (`time.monotonic()` seconds) bounds the calls to a remote teacher: a server passes its request's
+    deadline, so that deferring cannot make a request outlive the timeout it was promised; what is not answered
+    by then stays the student's, with the reason."""
+    extra = {"deadline": deadline} if deadline is not None and deferral.remote else {}
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, result in enumerate(results):
         low = [n for n, a in result["answers"].items()
@@ -101,7 +107,7 @@ def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str
     for names, idx in groups.items():
         try:
             answered = deferral.teacher.predict_batch([states[i] for i in idx], {n: definitions[n] for n in names},
-                                                       **(budgets or {}))
+                                                       **extra, **(budgets or {}))
         except TeacherUnavailable as exc:
             for i in idx:
                 results[i]["usage"]["deferral_error"] = str(exc)

@@ -15,7 +15,9 @@ a body that is not a batch of answers) raises `TeacherUnavailable`, whose messag
 then keeps the student's answers and says why in `usage.deferral_error`. Nothing is retried: a state waits for
 its teacher at most `timeout_s` (urllib3 already replaces a pooled connection the server has closed). A failure
 that says the server is down or overloaded (no connection, a timeout, a 5xx) stops the asking for `cooldown_s`:
-without that, a teacher host that drops packets would cost every unsure request the whole timeout.
+without that, a teacher host that drops packets would cost every unsure request the whole timeout. A caller with
+a deadline of its own (a server's request timeout) passes it: each call then waits at most what is left of it,
+and a call cut short by that deadline says so and pauses nothing, since it says nothing about the server.
 """
 
 from __future__ import annotations
@@ -67,26 +69,38 @@ class RemoteTeacher:
             self._headers["Authorization"] = f"Bearer {api_key}"
         # A server calls this from many request threads at once: keep up to 32 connections open, and past that
         # open one more rather than make a thread wait for a free one (block=False).
-        self._pool = urllib3.PoolManager(maxsize=32, block=False, retries=False,
-                                         timeout=urllib3.Timeout(total=self.timeout_s))
+        self._pool = urllib3.PoolManager(maxsize=32, block=False, retries=False)  # each request sets its timeout
 
-    def predict_batch(self, states: list[Any], questions: dict[str, dict], **budgets: Any) -> list[dict[str, Any]]:
+    def predict_batch(self, states: list[Any], questions: dict[str, dict], *, deadline: float | None = None,
+                      **budgets: Any) -> list[dict[str, Any]]:
+        """laya's `predict_batch`, plus `deadline` (`time.monotonic()` seconds): no call outlasts it."""
         out: list[dict[str, Any]] = []
         for start in range(0, len(states), self.max_states):
-            out.extend(self._post(list(states[start:start + self.max_states]), questions, budgets))
+            out.extend(self._post(list(states[start:start + self.max_states]), questions, budgets, deadline))
         return out
 
-    def _post(self, states: list[Any], questions: dict, budgets: dict) -> list[dict[str, Any]]:
+    def _post(self, states: list[Any], questions: dict, budgets: dict,
+              deadline: float | None) -> list[dict[str, Any]]:
         where = f"{self.url}/v1/systemone/batch"
         with self._lock:
             wait = self._down_until - time.monotonic()
             if wait > 0:
                 raise TeacherUnavailable(f"{self._down_reason} (not asked again for {wait:.1f} s)")
+        timeout = self.timeout_s
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TeacherUnavailable(f"{where}: not asked, the request's deadline had passed")
+            timeout = min(timeout, left)
         body = json.dumps({"states": states, "questions": questions, **budgets,
                            **({"model": self.model} if self.model else {})}).encode()
         try:
-            resp = self._pool.request("POST", where, body=body, headers=self._headers)
+            resp = self._pool.request("POST", where, body=body, headers=self._headers,
+                                      timeout=urllib3.Timeout(total=timeout))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if timeout < self.timeout_s and _timed_out(exc):
+                raise TeacherUnavailable(f"{where}: no answer in the {timeout:.2f} s left before the request's "
+                                         f"deadline ({_reason(exc)})") from None
             raise self._down(f"{where}: {_reason(exc)}") from None
         try:
             data = json.loads(resp.data)
@@ -119,8 +133,17 @@ class RemoteTeacher:
                 "cooldown_s": self.cooldown_s}
 
 
-def _reason(exc: BaseException) -> str:
-    """urllib3 wraps the cause (a `MaxRetryError` around a `NewConnectionError` or a timeout): name the innermost."""
+def _innermost(exc: BaseException) -> BaseException:
     while getattr(exc, "reason", None) is not None and isinstance(exc.reason, BaseException):
         exc = exc.reason
+    return exc
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return isinstance(_innermost(exc), (urllib3.exceptions.TimeoutError, TimeoutError))
+
+
+def _reason(exc: BaseException) -> str:
+    """urllib3 wraps the cause (a `MaxRetryError` around a `NewConnectionError` or a timeout): name the innermost."""
+    exc = _innermost(exc)
     return f"{type(exc).__name__}: {exc}"

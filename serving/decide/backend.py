@@ -48,7 +48,7 @@ class LayaBackend:
             offset += len(prepared.rows)
         return split
 
-    def finish(self, units: list[Any], outputs: list[list[Any]]) -> list[dict]:
+    def finish(self, units: list[Any], outputs: list[list[Any]], deadline: float) -> list[dict]:
         return [self.agent.finish(prepared, rows) for prepared, rows in zip(units, outputs)]
 
     def describe(self) -> dict:
@@ -117,10 +117,11 @@ class StudentBackend:
             out.append({**result, "answers": {n: result["answers"][n] for n in unit.names}, "usage": usage})
         return out
 
-    def finish(self, units: list[StudentUnit], outputs: list[dict]) -> list[dict]:
+    def finish(self, units: list[StudentUnit], outputs: list[dict], deadline: float) -> list[dict]:
+        """`deadline` (monotonic) is the request's: a remote teacher is waited on no longer."""
         if self.deferral is not None and self.deferral.remote:  # one call for the request's unsure states
             apply_deferral(self.deferral, [u.state for u in units], outputs, self.student.questions,
-                           self.student.teacher_budgets)
+                           self.student.teacher_budgets, deadline)
         return outputs
 
     def describe(self) -> dict:

@@ -94,7 +94,7 @@ class Service:
             log.error("request %s: model error (traceback above, from the model worker): %s", request_id, exc)
             raise ApiError(500, f"the model failed on this request; see the server log for request {request_id}",
                            "model_error") from None
-        results = backend.finish(units, outputs)
+        results = backend.finish(units, outputs, deadline)
         self.metrics.observe_decisions(len(results), sum(len(r["answers"]) for r in results),
                                        sum(r["usage"].get("input_tokens", 0) for r in results),
                                        sum(len(r["usage"].get("deferred_questions", ())) for r in results),

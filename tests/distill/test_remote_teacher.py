@@ -170,6 +170,28 @@ def test_a_server_that_seems_down_is_not_asked_again_for_the_cooldown(pair, cann
     assert "not asked again" not in _timed_error(student, refusing)[1]
 
 
+def test_a_deadline_bounds_the_call_and_pauses_nothing(pair, canned_http):
+    """A caller's deadline (a server's request timeout) cuts the wait short of `timeout_s`; that says nothing about
+    the server, so the next call asks again. A deadline already past asks nothing."""
+    import time as clock
+
+    from distill.deferral import apply_deferral
+    from distill.remote_teacher import TeacherUnavailable
+
+    student, _ = pair
+    slow = canned_http(3.0, b"{}")
+    teacher = RemoteTeacher(slow, timeout_s=30, cooldown_s=60)
+    for _ in range(2):
+        with pytest.raises(TeacherUnavailable, match=r"no answer in the 0\.[0-4]\d s left before the request's deadline"):
+            teacher.predict_batch(STATES[:1], {"churn": TASK["questions"]["churn"]}, deadline=clock.monotonic() + 0.4)
+    with pytest.raises(TeacherUnavailable, match="not asked, the request's deadline had passed"):
+        teacher.predict_batch(STATES[:1], {"churn": TASK["questions"]["churn"]}, deadline=clock.monotonic() - 1)
+    out = student.predict_batch(STATES)
+    apply_deferral(Deferral(teacher, parse_below(1, QUESTIONS)), STATES, out, student.questions,
+                   deadline=clock.monotonic() + 0.3)
+    _student_kept(student, STATES, out, "before the request's deadline")
+
+
 @pytest.mark.parametrize("body, words", [
     (b"not json", "is not 6 results"),
     (json.dumps({"results": []}).encode(), "is not 6 results"),

@@ -73,10 +73,10 @@ class RecordingBackend(LayaBackend):
         self.pass_sizes.append(len(units))
         return super().run(units)
 
-    def finish(self, units, outputs):
+    def finish(self, units, outputs, deadline):
         with self._lock:
             self.finished.extend(zip(units, outputs))
-        return super().finish(units, outputs)
+        return super().finish(units, outputs, deadline)
 
 
 def test_concurrent_http_batches_are_bit_identical_to_alone(agent, billing_questions):

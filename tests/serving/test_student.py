@@ -185,6 +185,34 @@ def test_a_slow_remote_teacher_holds_up_no_other_request(student, tmp_path, cann
         server.stop()
 
 
+def test_a_remote_teacher_is_waited_on_no_longer_than_the_request_timeout(student, tmp_path, canned_http):
+    """`--request-timeout-s` bounds the whole request, the call to the remote teacher included: with a 6 s teacher,
+    a 30 s `--defer-timeout-s` and a 2 s request timeout, the request gets 200 with the student's answers and why;
+    being cut short by the request's own deadline pauses nothing, so the next request asks the teacher again."""
+    import re
+
+    folder, _ = student
+    slow = canned_http(6.0, b"{}")
+    server = ServerProcess(tmp_path / "edge.log", ["--student", str(folder), "--defer-below", "department=1,churn=0",
+                                                   "--defer-to", slow, "--defer-timeout-s", "30",
+                                                   "--request-timeout-s", "2"]).running()
+    body = {"state": "I was charged twice this month, refund me or I cancel.",
+            "questions": {"department": TASK["questions"]["department"]}}
+    try:
+        for _ in range(2):
+            r = requests.post(server.url + "/decide", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["answers"]["department"]["answered_by"] == "student"
+            why = got["usage"]["deferral_error"]
+            left = re.search(r"no answer in the ([\d.]+) s left before the request's deadline", why)
+            assert left and float(left.group(1)) <= 2.0, why
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        assert stats["deferral_errors"] == 2
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--defer-below", "0.5"], "--defer-below / PAGODA_DEFER_BELOW needs --student"),
     (["--student", "{folder}", "--defer-to", "http://127.0.0.1:9"], "--defer-to / PAGODA_DEFER_TO needs --defer-below"),
