@@ -16,7 +16,8 @@ evaluation ticket, and the blind file no near-copy of any other file's text (tes
 `handwritten_tickets_train.jsonl` and `handwritten_tickets_dev.jsonl` (Dec 5) are natural tickets with gold for
 fine-tuning (`pagoda laya-mini finetune --mix ...,handwritten=W`) and for judging such runs without the blind file;
 `handwritten_tickets_dev2.jsonl` is a second dev file, written when the first and the evaluation file disagreed on a
-student choice by ten answers.
+student choice by ten answers. `handwritten_tickets_student2.jsonl` (Dec 6) is more student text, written from one
+brief by six writers, with no near-copy of a ticket of the four files that judge students.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from laya.scenarios import load as scenario
 EVAL_FILE = "handwritten_tickets.jsonl"
 CALIB_FILE = "handwritten_tickets_calib.jsonl"
 STUDENT_FILE = "handwritten_tickets_student.jsonl"
+STUDENT2_FILE = "handwritten_tickets_student2.jsonl"
 BLIND_FILE = "handwritten_tickets_blind.jsonl"
 TRAIN_FILE = "handwritten_tickets_train.jsonl"
 TRAIN2_FILE = "handwritten_tickets_train2.jsonl"

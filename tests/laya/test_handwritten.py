@@ -47,6 +47,25 @@ def test_student_texts_are_not_evaluation_or_calibration_tickets():
             assert len(a & b) <= 0.6 * len(a | b), (s, e)
 
 
+def test_second_student_texts_are_not_judged_text():
+    """The second student file against the four files that judge students (evaluation, dev, dev2, blind): no text
+    of theirs nor a near-copy (more than 40% of the words shared); within itself no near-copy over 60%."""
+    import re
+
+    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
+    path = handwritten.default_tickets(handwritten.STUDENT2_FILE)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) >= 2000 and all(r["id"].startswith("hy") for r in rows) and len({r["id"] for r in rows}) == len(rows)
+    judged = [words(t) for f in (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE,
+                                 handwritten.BLIND_FILE) for t in handwritten.read_texts(handwritten.default_tickets(f))]
+    seen: list[set[str]] = []
+    for r in rows:
+        a = words(r["text"])
+        assert a and not any(len(a & b) > 0.4 * len(a | b) for b in judged), r
+        assert not any(len(a & b) > 0.6 * len(a | b) for b in seen), r
+        seen.append(a)
+
+
 @pytest.mark.parametrize("name, prefix", [(handwritten.BLIND_FILE, "hb"), (handwritten.TRAIN_FILE, "ht"),
                                           (handwritten.DEV_FILE, "hd"), (handwritten.DEV2_FILE, "he"),
                                           (handwritten.TRAIN2_FILE, "hn")])
