@@ -17,7 +17,8 @@ evaluation ticket, and the blind file no near-copy of any other file's text (tes
 fine-tuning (`pagoda laya-mini finetune --mix ...,handwritten=W`) and for judging such runs without the blind file;
 `handwritten_tickets_dev2.jsonl` is a second dev file, written when the first and the evaluation file disagreed on a
 student choice by ten answers. `handwritten_tickets_student2.jsonl` (Dec 6) is more student text, written from one
-brief by six writers, with no near-copy of a ticket of the four files that judge students.
+brief by six writers, with no near-copy of a ticket of the four files that judge students; its gold, added by six
+readers afterwards, makes it training tickets too (`--train-tickets`).
 """
 
 from __future__ import annotations
