@@ -48,17 +48,19 @@ def test_student_texts_are_not_evaluation_or_calibration_tickets():
 
 
 def test_second_student_texts_are_not_judged_text():
-    """The second student file (texts, and gold since R16) against the four files that judge students (evaluation, dev, dev2, blind): no text
-    of theirs nor a near-copy (more than 40% of the words shared); within itself no near-copy over 60%."""
+    """The second student file (texts, and gold since R16) against the four files that judge students
+    (evaluation, dev, dev2, blind): no text of theirs nor a near-copy (more than 40% of the words shared); within
+    itself no near-copy over 60%."""
     import re
 
     words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
     path = handwritten.default_tickets(handwritten.STUDENT2_FILE)
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    assert len(rows) >= 2000 and all(r["id"].startswith("hy") for r in rows) and len({r["id"] for r in rows}) == len(rows)
+    assert len(rows) >= 2000 and all(r["id"].startswith("hy") for r in rows)
+    assert len({r["id"] for r in rows}) == len(rows)
     assert len(handwritten.read_tickets(path)) == len(rows)   # its gold, as training tickets read it
-    judged = [words(t) for f in (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE,
-                                 handwritten.BLIND_FILE) for t in handwritten.read_texts(handwritten.default_tickets(f))]
+    judged_files = (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE)
+    judged = [words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
     seen: list[set[str]] = []
     for r in rows:
         a = words(r["text"])

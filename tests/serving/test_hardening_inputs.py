@@ -444,7 +444,8 @@ def test_a_failing_pass_is_bisected_not_rerun_request_by_request(agent, billing_
                     pending.wait()
             else:
                 expected = agent.predict(states[i], billing_questions)
-                assert backend.finish([units[i]], pending.wait(), time.monotonic() + 30)[0]["answers"] == expected["answers"]
+                got = backend.finish([units[i]], pending.wait(), time.monotonic() + 30)[0]
+                assert got["answers"] == expected["answers"]
     finally:
         batcher.stop()
     assert passes[:2] == [1, 8] and len(passes) - 2 <= 6, passes
