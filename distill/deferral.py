@@ -92,8 +92,8 @@ def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str
     student's.
 
     `deadline` (`time.monotonic()` seconds) bounds the calls to a remote teacher: a server passes its request's
-    deadline, so that deferring cannot make a request outlive the timeout it was promised; what is not answered
-    by then stays the student's, with the reason."""
+    deadline, so that deferring cannot make a request outlive the timeout it was promised; a group of states whose
+    call is not answered by then (all of its calls, when it needs several) stays the student's, with the reason."""
     extra = {"deadline": deadline} if deadline is not None and deferral.remote else {}
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, result in enumerate(results):

@@ -2,12 +2,22 @@
 and turned into decision examples under the questions the evaluation asks."""
 
 import json
+import re
 
 import pytest
 
 from laya.corpus import handwritten
 from laya.scenarios import load as scenario
 from laya.training.examples import items_from_example
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def _near(a: set[str], b: set[str], share: float) -> bool:
+    """A near-copy: more than `share` of the two texts' words (their union) in common."""
+    return len(a & b) > share * len(a | b)
 
 
 @pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE,
@@ -31,41 +41,35 @@ def test_calibration_tickets_are_not_evaluation_tickets():
 def test_student_texts_are_not_evaluation_or_calibration_tickets():
     """The student's hand-written texts: no text of the other two files, and no near-copy of an evaluation
     ticket (more than 60% of the words shared), so the agreement measured there stays on unseen text."""
-    import re
-
     norm = lambda t: " ".join(t.lower().split())  # noqa: E731
-    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
     student = handwritten.read_texts(handwritten.default_tickets(handwritten.STUDENT_FILE))
     assert len(student) >= 100 and len({norm(t) for t in student}) == len(student)
     evaluation = [t["text"] for t in handwritten.read_tickets(handwritten.default_tickets())]
     calib = [t["text"] for t in handwritten.read_tickets(handwritten.default_tickets(handwritten.CALIB_FILE))]
     assert not {norm(t) for t in student} & {norm(t) for t in evaluation + calib}
     for s in student:
-        a = words(s)
+        a = _words(s)
         for e in evaluation:
-            b = words(e)
-            assert len(a & b) <= 0.6 * len(a | b), (s, e)
+            b = _words(e)
+            assert not _near(a, b, 0.6), (s, e)
 
 
 def test_second_student_texts_are_not_judged_text():
     """The second student file (texts, and gold since R16) against the four files that judge students
     (evaluation, dev, dev2, blind): no text of theirs nor a near-copy (more than 40% of the words shared); within
     itself no near-copy over 60%."""
-    import re
-
-    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
     path = handwritten.default_tickets(handwritten.STUDENT2_FILE)
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert len(rows) >= 2000 and all(r["id"].startswith("hy") for r in rows)
     assert len({r["id"] for r in rows}) == len(rows)
     assert len(handwritten.read_tickets(path)) == len(rows)   # its gold, as training tickets read it
     judged_files = (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE)
-    judged = [words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
+    judged = [_words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
     seen: list[set[str]] = []
     for r in rows:
-        a = words(r["text"])
-        assert a and not any(len(a & b) > 0.4 * len(a | b) for b in judged), r
-        assert not any(len(a & b) > 0.6 * len(a | b) for b in seen), r
+        a = _words(r["text"])
+        assert a and not any(_near(a, b, 0.4) for b in judged), r
+        assert not any(_near(a, b, 0.6) for b in seen), r
         seen.append(a)
 
 
@@ -76,20 +80,17 @@ def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
     """The blind, training (two) and dev files (two) against every other ticket file: no text of one, nor a near-copy (more
     than 40% of the words shared), and ids of their own. The blind file measures text no head, temperature or
     student choice has read; the training tickets must not teach it, nor the dev tickets that judge them."""
-    import re
-
-    words = lambda t: set(re.findall(r"[a-z]+", t.lower()))  # noqa: E731
     files = [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.STUDENT_FILE, handwritten.BLIND_FILE,
              handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.TRAIN2_FILE]
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 75 and all(t["id"].startswith(prefix) for t in tickets)
     others = [text for other in files if other != name
               for text in handwritten.read_texts(handwritten.default_tickets(other))]
-    other_words = [words(o) for o in others]
+    other_words = [_words(o) for o in others]
     for t in tickets:
-        a = words(t["text"])
+        a = _words(t["text"])
         for o, b in zip(others, other_words):
-            assert len(a & b) <= 0.4 * len(a | b), (t["text"], o)
+            assert not _near(a, b, 0.4), (t["text"], o)
 
 
 def test_bad_lines_name_the_field(tmp_path):
