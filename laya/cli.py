@@ -258,7 +258,8 @@ def _register_mini(commands: Any) -> None:
                         "default); handwritten=W adds the hand-written training tickets with their gold")
     f.add_argument("--train-tickets", nargs="+", default=None, metavar="FILE",
                    help="the hand-written training tickets handwritten=W draws, one or more JSONL files with gold "
-                        "(default: datasets/handwritten_tickets_train.jsonl)")
+                        "(default: datasets/handwritten_tickets_train.jsonl); FILE=department,churn_risk asks only "
+                        "those of the support-triage questions of that file's tickets")
     f.add_argument("--encoder-layers", default="3", metavar="N",
                    help="top encoder layers that train (default 3; 6: all of laya-mini's; more than the "
                         "encoder has: all)")

@@ -73,7 +73,8 @@ class FinetuneConfig:
     intents_calib: int = 300
     calib_sources: list[str] | None = None   # fit on these sources' calib rows only (None: all of CALIB_SOURCES;
                                              # "handwritten": datasets/handwritten_tickets_calib.jsonl)
-    train_tickets: list[str] | None = None   # what mix "handwritten" draws (None: datasets/handwritten_tickets_train.jsonl)
+    train_tickets: list[str] | None = None   # what mix "handwritten" draws (None: datasets/handwritten_tickets_train.jsonl);
+                                             # FILE=QUESTION,... asks only those questions of FILE's tickets
     seed: int = 0
     threads: int | None = None
     precision: str = "fp32"          # or "bf16": autocast forward (laya.training.trainer.check_precision)
@@ -119,9 +120,23 @@ class FinetuneConfig:
         if self.train_tickets is not None and not (self.train_tickets and self.mix.get("handwritten")):
             raise ValueError(f"--train-tickets: give one or more files, read only with handwritten=W in --mix; got "
                              f"{self.train_tickets!r} with mix {self.mix!r}")
+        for spec in self.train_tickets or []:
+            train_ticket_spec(spec)
         unknown = set(self.mix) - set(MIX)
         if unknown or not self.mix or any(not w >= 0 for w in self.mix.values()) or not sum(self.mix.values()) > 0:
             raise ValueError(f"finetune: mix must weigh some of {sorted(MIX)} with weights >= 0, got {self.mix!r}")
+
+
+def train_ticket_spec(spec: str) -> tuple[str, tuple[str, ...]]:
+    """`FILE` or `FILE=QUESTION,...` -> (path, the support-triage questions asked of its tickets)."""
+    from laya.corpus.handwritten import QUESTIONS
+
+    path, sep, names = spec.rpartition("=") if "=" in spec else (spec, "", "")
+    ask = tuple(n.strip() for n in names.split(",") if n.strip()) if sep else QUESTIONS
+    if not path or not ask or set(ask) - set(QUESTIONS):
+        raise ValueError(f"--train-tickets: {spec!r}: give FILE or FILE=QUESTION,... with questions among "
+                         f"{list(QUESTIONS)}")
+    return path, ask
 
 
 class Source:
@@ -267,10 +282,11 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.mix.get("handwritten"):
         from laya.corpus import handwritten
 
-        paths = cfg.train_tickets or [handwritten.default_tickets(handwritten.TRAIN_FILE)]
-        tickets = [t for p in paths for t in handwritten.read_tickets(Path(p), "--train-tickets")]
-        by_source["handwritten"] = [it for i, ex in enumerate(handwritten.examples(tickets))
-                                    for it in items_from_example(ex, f"handwritten:{i}")]
+        specs = [train_ticket_spec(s) for s in cfg.train_tickets or [str(handwritten.default_tickets(
+            handwritten.TRAIN_FILE))]]
+        exs = [ex for path, ask in specs
+               for ex in handwritten.examples(handwritten.read_tickets(Path(path), "--train-tickets"), ask)]
+        by_source["handwritten"] = [it for i, ex in enumerate(exs) for it in items_from_example(ex, f"handwritten:{i}")]
     names = [n for n, w in cfg.mix.items() if w > 0]
     missing = [n for n in names if n != "intents" and not by_source.get(n)]
     if missing:

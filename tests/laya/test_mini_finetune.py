@@ -3,6 +3,7 @@ loadable, calibrated checkpoint that answers differently from its init; the teac
 at the teacher's distribution; bad flags are one line naming the flag, rc 2."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +79,30 @@ def test_train_tickets_names_the_files_handwritten_draws(laya_tiny_bert, data, t
     with pytest.raises(FileNotFoundError, match="--train-tickets"):
         finetune(FinetuneConfig(out=str(tmp_path / "ft3"), mix={"handwritten": 1.0},
                                 **{**base, "train_tickets": [str(tmp_path / "missing.jsonl")]}), progress=False)
+
+
+def test_train_tickets_can_ask_some_questions_of_a_file(laya_tiny_bert, data, tmp_path, monkeypatch):  # noqa: F811
+    """`--train-tickets A B=department,churn_risk`: B's tickets are asked those two questions and never urgency,
+    A's all three (R18: a file whose urgency gold is skewed still teaches department); a question that is not
+    one of the support-triage three, or an empty list, is refused naming the flag."""
+    from laya.corpus import handwritten
+    from laya.training import finetune as ft
+
+    asked = []
+    real = handwritten.examples
+    monkeypatch.setattr(handwritten, "examples", lambda t, ask=handwritten.QUESTIONS: asked.append(ask) or real(t, ask))
+    a, b = (str(handwritten.default_tickets(n)) for n in (handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE))
+    base = dict(init=laya_tiny_bert, data=str(data), steps=1, batch_size=8, window_batches=2, corpus=TINY_CORPUS,
+                intents_calib=0, calib_sources=["tickets"], threads=1, mix={"handwritten": 1.0})
+    finetune(FinetuneConfig(out=str(tmp_path / "ft"), train_tickets=[a, b + "=department,churn_risk"], **base),
+             progress=False)
+    assert asked == [handwritten.QUESTIONS, ("department", "churn_risk")]
+    exs = real(handwritten.read_tickets(Path(b)), ("department", "churn_risk"))
+    assert all(set(ex["questions"]) == set(ex["labels"]) == {"department", "churn_risk"} for ex in exs)
+    assert ft.train_ticket_spec("x.jsonl") == ("x.jsonl", handwritten.QUESTIONS)
+    for bad in ("x.jsonl=", "x.jsonl=department,speed", "=urgency"):
+        with pytest.raises(ValueError, match="--train-tickets"):
+            FinetuneConfig(out=str(tmp_path / "ft2"), train_tickets=[bad], **base).validate()
 
 
 def test_handwritten_in_the_mix_trains_on_the_training_tickets_gold(laya_tiny_bert, data, tmp_path,  # noqa: F811
