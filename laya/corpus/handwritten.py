@@ -18,7 +18,8 @@ fine-tuning (`pagoda laya-mini finetune --mix ...,handwritten=W`) and for judgin
 `handwritten_tickets_dev2.jsonl` is a second dev file, written when the first and the evaluation file disagreed on a
 student choice by ten answers. `handwritten_tickets_student2.jsonl` (Dec 6) is more student text, written from one
 brief by six writers, with no near-copy of a ticket of the four files that judge students; its gold, added by six
-readers afterwards, makes it training tickets too (`--train-tickets`).
+readers afterwards, makes it training tickets too (`--train-tickets`). `handwritten_tickets_train3.jsonl` (Dec 6)
+is training tickets about leaving: ultimatums on a fault against calm intents to leave and their look-alikes (R19).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ STUDENT2_FILE = "handwritten_tickets_student2.jsonl"
 BLIND_FILE = "handwritten_tickets_blind.jsonl"
 TRAIN_FILE = "handwritten_tickets_train.jsonl"
 TRAIN2_FILE = "handwritten_tickets_train2.jsonl"
+TRAIN3_FILE = "handwritten_tickets_train3.jsonl"
 DEV_FILE = "handwritten_tickets_dev.jsonl"
 DEV2_FILE = "handwritten_tickets_dev2.jsonl"
 SOURCE = "handwritten"

@@ -22,7 +22,7 @@ def _near(a: set[str], b: set[str], share: float) -> bool:
 
 @pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE,
                                   handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE,
-                                  handwritten.TRAIN2_FILE])
+                                  handwritten.TRAIN2_FILE, handwritten.TRAIN3_FILE])
 def test_ticket_files_are_valid(name):
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 60
@@ -75,13 +75,14 @@ def test_second_student_texts_are_not_judged_text():
 
 @pytest.mark.parametrize("name, prefix", [(handwritten.BLIND_FILE, "hb"), (handwritten.TRAIN_FILE, "ht"),
                                           (handwritten.DEV_FILE, "hd"), (handwritten.DEV2_FILE, "he"),
-                                          (handwritten.TRAIN2_FILE, "hn")])
+                                          (handwritten.TRAIN2_FILE, "hn"), (handwritten.TRAIN3_FILE, "hz")])
 def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
-    """The blind, training (two) and dev files (two) against every other ticket file: no text of one, nor a near-copy (more
+    """The blind, training (three) and dev files (two) against every other ticket file: no text of one, nor a near-copy (more
     than 40% of the words shared), and ids of their own. The blind file measures text no head, temperature or
     student choice has read; the training tickets must not teach it, nor the dev tickets that judge them."""
     files = [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.STUDENT_FILE, handwritten.BLIND_FILE,
-             handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.TRAIN2_FILE]
+             handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.TRAIN2_FILE,
+             handwritten.TRAIN3_FILE] + ([handwritten.STUDENT2_FILE] if name == handwritten.TRAIN3_FILE else [])
     tickets = handwritten.read_tickets(handwritten.default_tickets(name))
     assert len(tickets) >= 75 and all(t["id"].startswith(prefix) for t in tickets)
     others = [text for other in files if other != name
@@ -91,6 +92,19 @@ def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
         a = _words(t["text"])
         for o, b in zip(others, other_words):
             assert not _near(a, b, 0.4), (t["text"], o)
+
+
+@pytest.mark.parametrize("name", [handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE, handwritten.TRAIN3_FILE,
+                                  handwritten.STUDENT2_FILE])
+def test_training_tickets_hold_no_acceptance_sentence(name):
+    """No training ticket is a near-copy of one of issue 15's acceptance sentences (more than 40% of the words
+    shared): they test the head on text it has not been taught."""
+    from laya.training.mini_eval import ACCEPTANCE
+
+    sentences = [_words(case.text) for case in ACCEPTANCE]
+    for text in handwritten.read_texts(handwritten.default_tickets(name)):
+        a = _words(text)
+        assert not any(_near(a, b, 0.4) for b in sentences), text
 
 
 def test_bad_lines_name_the_field(tmp_path):
