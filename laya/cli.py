@@ -267,8 +267,9 @@ def _register_mini(commands: Any) -> None:
                    help="of the layers that train, the top N that the synthetic sources (tickets, reviews, dialogs) "
                         "train too; the ones below learn from intent batches only (default: all that train)")
     f.add_argument("--label-smoothing", default="0", metavar="E",
-                   help="mix the synthetic sources' targets with E of uniform over each row's options, so easy "
-                        "generated tickets do not teach a confidence natural text does not earn (default 0)")
+                   help="mix the targets of every source but the intents (the synthetic ones and the hand-written "
+                        "tickets) with E of uniform over each row's options, so easy generated tickets do not teach a "
+                        "confidence natural text does not earn (default 0)")
     f.add_argument("--kl-weight", default="1.0", metavar="W",
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
     f.add_argument("--no-calib-tickets", action="store_true",

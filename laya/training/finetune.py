@@ -59,7 +59,8 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     warmup: float = 0.05
     mix: dict[str, float] = field(default_factory=lambda: dict(MIX))
-    label_smoothing: float = 0.0     # corpus targets mixed with this much of uniform over the row's options
+    label_smoothing: float = 0.0     # targets of every source but intents (hand-written tickets too) mixed with
+                                     # this much of uniform over the row's options
     kl_weight: float = 1.0           # the cosine-teacher KL on intent choices (10 with all 6 layers: Dec 4 sweep)
     teacher_tau: float = 0.05        # the NLL-optimal temperature of the cosine ranking on train-label choices
     loss: LossWeights = field(default_factory=lambda: LossWeights(log=1.0, spherical=0.5, rps=1.0))
