@@ -283,8 +283,8 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.mix.get("handwritten"):
         from laya.corpus import handwritten
 
-        specs = [train_ticket_spec(s) for s in cfg.train_tickets or [str(handwritten.default_tickets(
-            handwritten.TRAIN_FILE))]]
+        specs = ([train_ticket_spec(s) for s in cfg.train_tickets] if cfg.train_tickets else
+                 [(str(handwritten.default_tickets(handwritten.TRAIN_FILE)), handwritten.QUESTIONS)])
         exs = [ex for path, ask in specs
                for ex in handwritten.examples(handwritten.read_tickets(Path(path), "--train-tickets"), ask)]
         by_source["handwritten"] = [it for i, ex in enumerate(exs) for it in items_from_example(ex, f"handwritten:{i}")]
