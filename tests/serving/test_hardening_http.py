@@ -353,6 +353,12 @@ def test_two_workers_answer_and_stop_cleanly(tmp_path):
     server = ServerProcess(tmp_path / "two.log", ["--model", str(TINY_BERT), "--workers", "2"])
     try:
         server.running()
+        # /ready came from one worker; the other may still be loading and answer 503 not_ready (a CI run met it):
+        # wait until /ready holds on several calls in a row, so both workers have been seen ready, then ask.
+        deadline, in_row = time.monotonic() + 60, 0
+        while in_row < 8 and time.monotonic() < deadline:
+            in_row = in_row + 1 if requests.get(server.url + "/ready", timeout=5).status_code == 200 else 0
+            time.sleep(0.05)
         good_requests(server, n=4)
     finally:
         code = server.stop()
