@@ -46,6 +46,7 @@ from gunicorn.workers.base import Worker
 from serving.access_log import access_log
 from serving.config import FrontSettings, ServeConfig
 from serving.errors import error_body
+from serving.ready_board import ReadyBoard
 
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
 log = logging.getLogger("pagoda.serve")
@@ -60,6 +61,8 @@ class GunicornServer(BaseApplication):
         self.serve_cfg = cfg
         self.engine = engine
         self.torch_threads = torch_threads
+        self.board = ReadyBoard(cfg.workers)
+        self.models_loaded = threading.Event()  # set in a worker once its models are (see `load`)
         super().__init__(prog="pagoda serve")
 
     def load_config(self) -> None:
@@ -79,6 +82,7 @@ class GunicornServer(BaseApplication):
             "proc_name": "pagoda-serve",
             "when_ready": _announce,
             "post_fork": self._after_fork,
+            "child_exit": lambda server, worker: self.board.clear(worker.pid),
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
@@ -100,14 +104,19 @@ class GunicornServer(BaseApplication):
                     else api for api in apis]
         app = create_app(self.serve_cfg, apis)
 
-        def exit_on_failure() -> None:
+        def watch_loading() -> None:
+            """Exit on a failed load; once every model is loaded, say so on the board at once (a sibling stops
+            accepting within its next look, `FrontWorker._serve`)."""
             while not all(api.loaded.wait(0.2) for api in apis):
                 for api in apis:
                     if api.error is not None:
                         log.error("stopping: the %s model did not load (%s)", api.name, api.error)
                         os._exit(WORKER_BOOT_ERROR)
+            self.board.mark(os.getpid())
+            self.models_loaded.set()
+            log.info("worker %d loaded, accepting", os.getpid())
 
-        threading.Thread(target=exit_on_failure, name="pagoda-load-watch", daemon=True).start()
+        threading.Thread(target=watch_loading, name="pagoda-load-watch", daemon=True).start()
         return app
 
 
@@ -229,16 +238,31 @@ class FrontWorker(Worker):
             self.loop.close()
 
     async def _serve(self, front: Front, cfg: ServeConfig) -> None:
-        servers = [await asyncio.start_server(front.connection, sock=s.sock, limit=_READ_CHUNK, backlog=2048)
-                   for s in self.sockets]
-        while self.alive:
-            self.notify()
-            if self.ppid != os.getppid():
-                log.warning("the master went away; worker %d stops", self.pid)
-                break
-            await asyncio.sleep(0.5)
-        for server in servers:
-            server.close()
+        """Accept while loaded, or while no sibling is (`ReadyBoard`): a loading worker beside a loaded one
+        leaves the shared socket to it. Each pause closes this worker's listening copies (dups of gunicorn's
+        sockets; connections already taken go on) and a resume opens new ones."""
+        board: ReadyBoard = self.app.board
+        servers: list[asyncio.Server] = []
+        try:
+            while self.alive:
+                self.notify()
+                if self.ppid != os.getppid():
+                    log.warning("the master went away; worker %d stops", self.pid)
+                    break
+                loaded = self.app.models_loaded.is_set()
+                accept = loaded or not board.other_ready(self.pid)
+                if accept and not servers:
+                    servers = [await asyncio.start_server(front.connection, sock=s.sock.dup(), limit=_READ_CHUNK,
+                                                          backlog=2048) for s in self.sockets]
+                elif not accept and servers:
+                    for server in servers:
+                        server.close()
+                    servers = []
+                await asyncio.sleep(0.5 if loaded else 0.02)
+        finally:
+            board.clear(self.pid)
+            for server in servers:
+                server.close()
         await front.drain(cfg.graceful_timeout_s)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -353,18 +354,46 @@ def test_two_workers_answer_and_stop_cleanly(tmp_path):
     server = ServerProcess(tmp_path / "two.log", ["--model", str(TINY_BERT), "--workers", "2"])
     try:
         server.running()
-        # /ready came from one worker; the other may still be loading and answer 503 not_ready (a CI run met it):
-        # wait until /ready holds on several calls in a row, so both workers have been seen ready, then ask.
-        deadline, in_row = time.monotonic() + 60, 0
-        while in_row < 8 and time.monotonic() < deadline:
-            in_row = in_row + 1 if requests.get(server.url + "/ready", timeout=5).status_code == 200 else 0
-            time.sleep(0.05)
+        workers_loaded(server, 2)
         good_requests(server, n=4)
     finally:
         code = server.stop()
     log = server.log()
     assert code == 0, log[-3000:]
     assert "terminate called" not in log and "SIGABRT" not in log and "native thread" not in log, log[-3000:]
+
+
+def workers_loaded(server: ServerProcess, n: int, timeout: float = 60.0) -> list[int]:
+    """The pids of the workers that have said they loaded (serving/server.py's load watch), once n have."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [int(pid) for pid in re.findall(r"worker (\d+) loaded, accepting", server.log())]
+        if len(pids) >= n:
+            return pids
+        time.sleep(0.05)
+    pytest.fail(f"{n} workers did not load within {timeout}s:\n{server.log()[-3000:]}")
+
+
+def test_a_replacement_worker_takes_no_request_until_it_has_loaded(tmp_path):
+    """A killed worker's replacement loads its model while the survivor serves. It must not accept meanwhile
+    (serving/ready_board.py): before, it took its share of connections and answered them 503 not_ready."""
+    server = ServerProcess(tmp_path / "replace.log", ["--model", str(TINY_BERT), "--workers", "2"])
+    try:
+        server.running()
+        first, second = workers_loaded(server, 2)[:2]
+        os.kill(first, signal.SIGKILL)
+        statuses: dict[int, int] = {}
+        deadline, after = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and after < 20:
+            status = requests.post(server.url + "/decide", json=DECIDE, headers=AUTH, timeout=10).status_code
+            statuses[status] = statuses.get(status, 0) + 1
+            if len(workers_loaded(server, 2)) >= 3:  # the replacement has loaded: a few more, then stop
+                after += 1
+        assert len(workers_loaded(server, 2)) >= 3, server.log()[-3000:]
+        assert set(statuses) == {200}, statuses
+        assert statuses[200] >= 20
+    finally:
+        server.stop()
 
 
 def test_streams_keep_working_beside_slow_clients(gen):
