@@ -17,12 +17,14 @@ fewer questions of a state cannot change the ones it does answer.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from distill.remote_teacher import RemoteTeacher, TeacherUnavailable
 from laya.errors import InputError
+from laya.layout import answers_digest
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,21 @@ class Deferral:
         """The thresholds and what answers under them, for `/stats`."""
         return {"defer_below": self.below,
                 "defer_to": self.teacher.describe() if self.remote else self.teacher.engine.describe()}
+
+
+def teacher_mismatch(meta: dict, teacher_dir: str | os.PathLike) -> str | None:
+    """Why the checkpoint at `teacher_dir` is not the teacher the student (`meta`: its student.json) copied, or
+    None. The answers it takes over would be another model's, and the agreement the student's report measured
+    would no longer describe what is served: a teacher rebuilt in place (a new laya-mini head) is the usual way.
+    A student written before its teacher's digest was recorded (no `provenance.teacher_digest`) is not checked."""
+    recorded = meta.get("provenance", {}).get("teacher_digest")
+    if recorded is None or not os.path.isdir(teacher_dir):
+        return None
+    found = answers_digest(teacher_dir)
+    if found == recorded:
+        return None
+    return (f"the student was distilled from {meta['provenance'].get('teacher')} (answers digest {recorded}), "
+            f"but the teacher here, {teacher_dir}, has digest {found}: it would answer as another model")
 
 
 def parse_below(value: Any, questions: Iterable[str], field: str = "defer_below") -> dict[str, float]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from distill import labels as L
 from distill.task import Task, load_task
+from laya.layout import answers_digest
 from laya.rows import state_text
 
 STAGES = ("label", "train", "calibrate", "export", "report")
@@ -70,23 +71,8 @@ def resolve_teacher(teacher: str) -> Path:
 
 
 def teacher_fingerprint(path: Path) -> str:
-    """Its folder plus a digest of what sets its answers, config and weights: a teacher rebuilt in place (`make
-    model` after a new head, temperatures refitted) must not have its old labels resumed as if they were its own.
-    laya-mini's `laya_mini` block is left out: it records how the head was made (recipes, run folders), which
-    `make model` rewrites without changing an answer, and labels made before that must still resume."""
-    import hashlib
-    import json
-
-    h = hashlib.sha256()
-    config = path / "rl_agent_config.json"
-    if config.is_file():
-        answers_from = {k: v for k, v in json.loads(config.read_text()).items() if k != "laya_mini"}
-        h.update(json.dumps(answers_from, sort_keys=True).encode())
-    weights = path / "model.safetensors"
-    if weights.is_file():
-        with open(weights, "rb") as f:
-            h.update(hashlib.file_digest(f, "sha256").digest())
-    return f"{path.resolve()}@{h.hexdigest()[:16]}"
+    """Its folder plus `laya.layout.answers_digest`: labels resume only under the teacher that made them."""
+    return f"{path.resolve()}@{answers_digest(path)}"
 
 
 class Run:
@@ -322,6 +308,7 @@ class Run:
             "budgets": {"teacher": self.task.budgets, "student_max_len": self.task.student.max_len},
             "provenance": {
                 "teacher": str(self.teacher_dir),
+                "teacher_digest": answers_digest(self.teacher_dir),  # what a deferring server checks its teacher by
                 "task_fingerprint": self.task.fingerprint(),
                 "data": str(self.data),
                 "rows": {name: int((d["split"] == k).sum()) for k, name in enumerate(("train", "validation", "held_out"))},

@@ -12,6 +12,7 @@ The CPU engines load from here alone; `laya.checkpoint` adds the torch module's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -22,6 +23,25 @@ from laya.tokenizer import LayaTokenizer
 CONFIG_FILE = "rl_agent_config.json"
 WEIGHTS_FILE = "model.safetensors"
 ENCODER_CONFIG = os.path.join("encoder", "config.json")
+
+
+def answers_digest(path: str | os.PathLike) -> str:
+    """16 hex digits of what sets a checkpoint's answers: its config and its weights. A teacher rebuilt in place
+    (`make model` after a new head, temperatures refitted) must not have its old labels resumed as its own, nor
+    take a student's unsure answers as if it had taught it. laya-mini's `laya_mini` block is left out: it
+    records how the head was made (recipes, run folders), which `make model` rewrites without changing an
+    answer, and labels made before that must still resume."""
+    h = hashlib.sha256()
+    config = os.path.join(path, CONFIG_FILE)
+    if os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            answers_from = {k: v for k, v in json.load(f).items() if k != "laya_mini"}
+        h.update(json.dumps(answers_from, sort_keys=True).encode())
+    weights = os.path.join(path, WEIGHTS_FILE)
+    if os.path.isfile(weights):
+        with open(weights, "rb") as f:
+            h.update(hashlib.file_digest(f, "sha256").digest())
+    return h.hexdigest()[:16]
 
 
 def require(path: str, name: str) -> str:

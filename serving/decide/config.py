@@ -11,8 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from distill.deferral import parse_below
+from distill.deferral import parse_below, teacher_mismatch
 from distill.remote_teacher import RemoteTeacher
+from laya.paths import default_model_dir
 from laya.precision import PRECISION_ENV, PRECISIONS, check_device, requested_precision
 from serving.flags import Settings, option
 
@@ -39,6 +40,9 @@ class DecideConfig(Settings):
     defer_cooldown_s: float = option(5.0, "with --defer-to: after the remote teacher seemed down (no connection, a "
                                            "timeout, a 5xx), how long to keep the student's answers without asking",
                                      minimum=0)
+    defer_any_teacher: bool = option(False, "with --defer-below and a model loaded here: let a Laya model other "
+                                            "than the student's own teacher (student.json's provenance."
+                                            "teacher_digest) take its unsure answers")
     defer_api_key: str | None = option(None, "with --defer-to: the remote server's API key (environment only)",
                                        env_only=True)
     device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
@@ -102,6 +106,11 @@ class DecideConfig(Settings):
             student_precision(self.precision, meta["models"])
             if self.defer_below is not None:
                 parse_below(self.defer_below, meta["questions"], self.where("defer_below"))
+                if self.defer_to is None and not self.defer_any_teacher:
+                    why = teacher_mismatch(meta, self.model or default_model_dir())
+                    if why:
+                        raise ValueError(f"{self.where('defer_below')}: {why}. Distil the student again from this "
+                                         f"teacher (`make student`), or pass {self.where('defer_any_teacher')}")
 
 
 def student_precision(precision: str | None, models: dict) -> str | None:

@@ -213,6 +213,37 @@ def test_a_remote_teacher_is_waited_on_no_longer_than_the_request_timeout(studen
         server.stop()
 
 
+def test_a_teacher_other_than_the_students_own_is_refused_unless_allowed(student, tmp_path):
+    """A teacher rebuilt in place (here: a refitted temperature) would answer the unsure share as another model:
+    `--defer-below` with a model loaded here checks it against the digest the student recorded when distilled."""
+    import json
+    import shutil
+
+    from distill.deferral import teacher_mismatch
+    from laya.layout import answers_digest
+    from serving.decide.config import DecideConfig
+
+    folder, _ = student
+    meta = json.loads((folder / "student.json").read_text())
+    assert meta["provenance"]["teacher_digest"] == answers_digest(TINY_BERT)
+    assert teacher_mismatch(meta, TINY_BERT) is None
+    DecideConfig(student=str(folder), model=str(TINY_BERT), defer_below="0.5")
+    other = tmp_path / "rebuilt"
+    shutil.copytree(TINY_BERT, other)
+    config = json.loads((other / "rl_agent_config.json").read_text())
+    config["temperature"] = [t * 1.5 for t in config["temperature"]]
+    (other / "rl_agent_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"--defer-below / PAGODA_DEFER_BELOW: the student was distilled from .*"
+                                         r"answers digest .* but the teacher here, .*rebuilt, has digest .*"
+                                         r"--defer-any-teacher / PAGODA_DEFER_ANY_TEACHER"):
+        DecideConfig(student=str(folder), model=str(other), defer_below="0.5")
+    DecideConfig(student=str(folder), model=str(other), defer_below="0.5", defer_any_teacher=True)
+    assert answers_digest(TINY_BERT) != answers_digest(other)  # the temperature is part of the answers...
+    original = json.loads((TINY_BERT / "rl_agent_config.json").read_text())
+    (other / "rl_agent_config.json").write_text(json.dumps({**original, "laya_mini": {"recipe": "any"}}))
+    assert teacher_mismatch(meta, other) is None  # ...a laya-mini block's record of how it was made is not
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--defer-below", "0.5"], "--defer-below / PAGODA_DEFER_BELOW needs --student"),
     (["--student", "{folder}", "--defer-to", "http://127.0.0.1:9"], "--defer-to / PAGODA_DEFER_TO needs --defer-below"),
