@@ -103,10 +103,15 @@ class GunicornServer(BaseApplication):
             apis = [GenerateApi(self.serve_cfg.generate, api.model, engine=self.engine) if api.name == "generate"
                     else api for api in apis]
         app = create_app(self.serve_cfg, apis)
+        self.watch_loading(apis)
+        return app
 
-        def watch_loading() -> None:
-            """Exit on a failed load; once every model is loaded, say so on the board at once (a sibling stops
-            accepting within its next look, `FrontWorker._serve`)."""
+    def watch_loading(self, apis: list) -> None:
+        """In the worker, beside the loads: exit on a failed one (gunicorn's boot-error status stops the whole
+        server with the reason in the log, instead of 503s forever); once every model is loaded, say so on the
+        board at once (a loading sibling stops accepting within its next look, `FrontWorker._serve`)."""
+
+        def watch() -> None:
             while not all(api.loaded.wait(0.2) for api in apis):
                 for api in apis:
                     if api.error is not None:
@@ -116,8 +121,7 @@ class GunicornServer(BaseApplication):
             self.models_loaded.set()
             log.info("worker %d loaded, accepting", os.getpid())
 
-        threading.Thread(target=watch_loading, name="pagoda-load-watch", daemon=True).start()
-        return app
+        threading.Thread(target=watch, name="pagoda-load-watch", daemon=True).start()
 
 
 # What the master imports with --preload: what a worker's model load imports (found with `python -X importtime`

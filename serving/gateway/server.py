@@ -8,16 +8,10 @@ while the GIL is free for the others.
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-
 from serving.gateway.config import GatewayConfig
 from serving.gateway.routes import GatewayApi
 from serving.gateway.rules import Rules
-from serving.server import WORKER_BOOT_ERROR, GunicornServer
-
-log = logging.getLogger("pagoda.gateway")
+from serving.server import GunicornServer
 
 
 class GatewayServer(GunicornServer):
@@ -30,24 +24,9 @@ class GatewayServer(GunicornServer):
         self.cfg.set("proc_name", "pagoda-gateway")
 
     def load(self):
-        return build_app(self.serve_cfg, self.rules, exit_if_unloadable=True)
+        from serving.app import create_app
 
-
-def build_app(cfg: GatewayConfig, rules: Rules, exit_if_unloadable: bool = False):
-    """The gateway's Flask app. `exit_if_unloadable`: a worker whose routing model cannot load exits with
-    gunicorn's boot-error status (the master stops, the reason in the log) instead of routing by default
-    forever."""
-    from serving.app import create_app
-
-    api = GatewayApi(cfg, rules)
-    app = create_app(cfg, [api])
-
-    def watch() -> None:
-        while not api.loaded.wait(0.2):
-            if api.error is not None:
-                log.error("stopping: the routing model did not load (%s)", api.error)
-                os._exit(WORKER_BOOT_ERROR)
-
-    if exit_if_unloadable:
-        threading.Thread(target=watch, name="pagoda-gateway-load-watch", daemon=True).start()
-    return app
+        api = GatewayApi(self.serve_cfg, self.rules)
+        app = create_app(self.serve_cfg, [api])
+        self.watch_loading([api])
+        return app
