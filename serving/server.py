@@ -62,7 +62,7 @@ class GunicornServer(BaseApplication):
         self.engine = engine
         self.torch_threads = torch_threads
         self.board = ReadyBoard(cfg.workers)
-        self.models_loaded = threading.Event()  # set in a worker once its models are (see `load`)
+        self.models_loaded = threading.Event()  # set in a worker once its models are (`watch_loading`)
         super().__init__(prog="pagoda serve")
 
     def load_config(self) -> None:
