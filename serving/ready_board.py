@@ -13,10 +13,13 @@ pid of a worker that exited without doing so (killed, crashed). A pid whose proc
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+from collections.abc import Iterator
 
 _SLACK = 8  # replacements that start while the workers they replace are still being reaped
+_LOCK_WAIT_S = 1.0
 
 
 class ReadyBoard:
@@ -28,7 +31,7 @@ class ReadyBoard:
     def mark(self, pid: int) -> None:
         """Record `pid` as serving loaded; a full board (more live workers than slots) records nothing, which
         only costs that worker's siblings the wait."""
-        with self._lock:
+        with self._locked():
             if pid in self._pids[:]:
                 return
             for i, held in enumerate(self._pids):
@@ -37,10 +40,21 @@ class ReadyBoard:
                     return
 
     def clear(self, pid: int) -> None:
-        with self._lock:
+        with self._locked():
             for i, held in enumerate(self._pids):
                 if held == pid:
                     self._pids[i] = 0
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, or after a second without it none: a worker SIGKILLed inside `mark` or `clear` would hold
+        it for good, and a rare race over one slot costs less than a worker that never says it loaded."""
+        got = self._lock.acquire(timeout=_LOCK_WAIT_S)
+        try:
+            yield
+        finally:
+            if got:
+                self._lock.release()
 
     def other_ready(self, pid: int) -> bool:
         """Whether a live worker other than `pid` is serving loaded."""
