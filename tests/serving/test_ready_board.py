@@ -48,6 +48,8 @@ def test_a_mark_made_in_a_forked_worker_is_seen_by_its_siblings():
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+        os.close(read)
+        os.close(write)
     assert not board.other_ready(os.getpid())
 
 
