@@ -20,6 +20,9 @@ student choice by ten answers. `handwritten_tickets_student2.jsonl` (Dec 6) is m
 brief by six writers, with no near-copy of a ticket of the four files that judge students; its gold, added by six
 readers afterwards, makes it training tickets too (`--train-tickets`). `handwritten_tickets_train3.jsonl` (Dec 6)
 is training tickets about leaving: ultimatums on a fault against calm intents to leave and their look-alikes (R19).
+`handwritten_tickets_short_dev.jsonl` and `handwritten_tickets_short_blind.jsonl` (Dec 6) are one-line messages
+(up to 15 words), which the other judged files hold few of (23 of 443 have 8 words or fewer) and users send
+first: a dev file that may judge runs, and a blind one read once.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ TRAIN2_FILE = "handwritten_tickets_train2.jsonl"
 TRAIN3_FILE = "handwritten_tickets_train3.jsonl"
 DEV_FILE = "handwritten_tickets_dev.jsonl"
 DEV2_FILE = "handwritten_tickets_dev2.jsonl"
+SHORT_DEV_FILE = "handwritten_tickets_short_dev.jsonl"
+SHORT_BLIND_FILE = "handwritten_tickets_short_blind.jsonl"
 SOURCE = "handwritten"
 
 

@@ -94,6 +94,28 @@ def test_later_ticket_files_are_no_earlier_files_text(name, prefix):
             assert not _near(a, b, 0.4), (t["text"], o)
 
 
+@pytest.mark.parametrize("name, prefix", [(handwritten.SHORT_DEV_FILE, "hsd"), (handwritten.SHORT_BLIND_FILE, "hsx")])
+def test_short_message_files_are_short_and_no_other_files_text(name, prefix):
+    """The one-line files: every label present, at most 15 words a message, and no text of any other file nor a
+    near-copy (more than 40% of the words shared), the acceptance sentences included, so they measure one-liners
+    no head or student has read."""
+    from laya.training.mini_eval import ACCEPTANCE
+
+    tickets = handwritten.read_tickets(handwritten.default_tickets(name))
+    assert len(tickets) >= 55 and all(t["id"].startswith(prefix) for t in tickets)
+    assert {t["department5"] for t in tickets} == {"billing", "technical", "shipping", "account", "other"}
+    assert {t["urgency"] for t in tickets} == {0, 1, 2} and {t["churn"] for t in tickets} == {True, False}
+    assert all(len(t["text"].split()) <= 15 for t in tickets)
+    root = handwritten.default_tickets(name).parent
+    others = [text for other in sorted(root.glob("handwritten_tickets*.jsonl")) if other.name != name
+              for text in handwritten.read_texts(other)] + [case.text for case in ACCEPTANCE]
+    other_words = [_words(o) for o in others]
+    for t in tickets:
+        a = _words(t["text"])
+        for o, b in zip(others, other_words):
+            assert not _near(a, b, 0.4), (t["text"], o)
+
+
 @pytest.mark.parametrize("name", [handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE, handwritten.TRAIN3_FILE,
                                   handwritten.STUDENT2_FILE])
 def test_training_tickets_hold_no_acceptance_sentence(name):
