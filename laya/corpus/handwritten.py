@@ -22,7 +22,8 @@ readers afterwards, makes it training tickets too (`--train-tickets`). `handwrit
 is training tickets about leaving: ultimatums on a fault against calm intents to leave and their look-alikes (R19).
 `handwritten_tickets_short_dev.jsonl` and `handwritten_tickets_short_blind.jsonl` (Dec 6) are one-line messages
 (up to 15 words), which the other judged files hold few of (23 of 443 have 8 words or fewer) and users send
-first: a dev file that may judge runs, and a blind one read once.
+first: a dev file that may judge runs, and a blind one read once. `handwritten_tickets_train_short.jsonl` is
+one-line training tickets with gold, written by two other writers (R23).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ DEV_FILE = "handwritten_tickets_dev.jsonl"
 DEV2_FILE = "handwritten_tickets_dev2.jsonl"
 SHORT_DEV_FILE = "handwritten_tickets_short_dev.jsonl"
 SHORT_BLIND_FILE = "handwritten_tickets_short_blind.jsonl"
+TRAIN_SHORT_FILE = "handwritten_tickets_train_short.jsonl"
 SOURCE = "handwritten"
 
 

@@ -116,8 +116,25 @@ def test_short_message_files_are_short_and_no_other_files_text(name, prefix):
             assert not _near(a, b, 0.4), (t["text"], o)
 
 
+def test_one_line_training_tickets_are_not_judged_text():
+    """The one-line training file against every file that judges a head or student and the calibration tickets: no
+    near-copy (more than 40% of the words shared); within itself none over 60%."""
+    tickets = handwritten.read_tickets(handwritten.default_tickets(handwritten.TRAIN_SHORT_FILE))
+    assert len(tickets) >= 300 and all(t["id"][:3] in ("hsa", "hsb") for t in tickets)
+    assert len({t["id"] for t in tickets}) == len(tickets)
+    judged_files = (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE,
+                    handwritten.SHORT_DEV_FILE, handwritten.SHORT_BLIND_FILE, handwritten.CALIB_FILE)
+    judged = [_words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
+    seen: list[set[str]] = []
+    for t in tickets:
+        a = _words(t["text"])
+        assert a and not any(_near(a, b, 0.4) for b in judged), t
+        assert not any(_near(a, b, 0.6) for b in seen), t
+        seen.append(a)
+
+
 @pytest.mark.parametrize("name", [handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE, handwritten.TRAIN3_FILE,
-                                  handwritten.STUDENT2_FILE])
+                                  handwritten.STUDENT2_FILE, handwritten.TRAIN_SHORT_FILE])
 def test_training_tickets_hold_no_acceptance_sentence(name):
     """No training ticket is a near-copy of one of issue 15's acceptance sentences (more than 40% of the words
     shared): they test the head on text it has not been taught."""
