@@ -143,7 +143,8 @@ student: install model
 	$(PAGODA) distill --teacher default --task distill/tasks/support-triage.yaml \
 	  --data models/students/support-triage-corpus.jsonl --out $(STUDENT_DIR) \
   --eval-data handwritten=datasets/handwritten_tickets.jsonl --eval-data dev=datasets/handwritten_tickets_dev.jsonl \
-	  --eval-data dev2=datasets/handwritten_tickets_dev2.jsonl --eval-gold department=department5
+	  --eval-data dev2=datasets/handwritten_tickets_dev2.jsonl --eval-data short=datasets/handwritten_tickets_short_dev.jsonl \
+	  --eval-gold department=department5
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
