@@ -20,6 +20,18 @@ def _near(a: set[str], b: set[str], share: float) -> bool:
     return len(a & b) > share * len(a | b)
 
 
+def _assert_clear_of(rows: list[dict], judged_files: tuple[str, ...]) -> None:
+    """Rows written for training: no near-copy of a judged file's text (more than 40% of the words shared), and
+    none of each other (more than 60%), so what judges a head was never taught to it."""
+    judged = [_words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
+    seen: list[set[str]] = []
+    for r in rows:
+        a = _words(r["text"])
+        assert a and not any(_near(a, b, 0.4) for b in judged), r
+        assert not any(_near(a, b, 0.6) for b in seen), r
+        seen.append(a)
+
+
 @pytest.mark.parametrize("name", [handwritten.EVAL_FILE, handwritten.CALIB_FILE, handwritten.BLIND_FILE,
                                   handwritten.TRAIN_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE,
                                   handwritten.TRAIN2_FILE, handwritten.TRAIN3_FILE])
@@ -63,14 +75,7 @@ def test_second_student_texts_are_not_judged_text():
     assert len(rows) >= 2000 and all(r["id"].startswith("hy") for r in rows)
     assert len({r["id"] for r in rows}) == len(rows)
     assert len(handwritten.read_tickets(path)) == len(rows)   # its gold, as training tickets read it
-    judged_files = (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE)
-    judged = [_words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
-    seen: list[set[str]] = []
-    for r in rows:
-        a = _words(r["text"])
-        assert a and not any(_near(a, b, 0.4) for b in judged), r
-        assert not any(_near(a, b, 0.6) for b in seen), r
-        seen.append(a)
+    _assert_clear_of(rows, (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE))
 
 
 @pytest.mark.parametrize("name, prefix", [(handwritten.BLIND_FILE, "hb"), (handwritten.TRAIN_FILE, "ht"),
@@ -122,15 +127,8 @@ def test_one_line_training_tickets_are_not_judged_text():
     tickets = handwritten.read_tickets(handwritten.default_tickets(handwritten.TRAIN_SHORT_FILE))
     assert len(tickets) >= 300 and all(t["id"][:3] in ("hsa", "hsb") for t in tickets)
     assert len({t["id"] for t in tickets}) == len(tickets)
-    judged_files = (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE,
-                    handwritten.SHORT_DEV_FILE, handwritten.SHORT_BLIND_FILE, handwritten.CALIB_FILE)
-    judged = [_words(t) for f in judged_files for t in handwritten.read_texts(handwritten.default_tickets(f))]
-    seen: list[set[str]] = []
-    for t in tickets:
-        a = _words(t["text"])
-        assert a and not any(_near(a, b, 0.4) for b in judged), t
-        assert not any(_near(a, b, 0.6) for b in seen), t
-        seen.append(a)
+    _assert_clear_of(tickets, (handwritten.EVAL_FILE, handwritten.DEV_FILE, handwritten.DEV2_FILE, handwritten.BLIND_FILE,
+                               handwritten.SHORT_DEV_FILE, handwritten.SHORT_BLIND_FILE, handwritten.CALIB_FILE))
 
 
 @pytest.mark.parametrize("name", [handwritten.TRAIN_FILE, handwritten.TRAIN2_FILE, handwritten.TRAIN3_FILE,
