@@ -46,12 +46,18 @@ class Deferral:
                 "defer_to": self.teacher.describe() if self.remote else self.teacher.engine.describe()}
 
 
+def recorded_teacher(meta: dict) -> str | None:
+    """The answers digest (`laya.layout.answers_digest`) of the teacher a student (`meta`: its student.json) was
+    distilled from; None for a student written before it was recorded."""
+    return meta.get("provenance", {}).get("teacher_digest")
+
+
 def teacher_mismatch(meta: dict, teacher_dir: str | os.PathLike) -> str | None:
     """Why the checkpoint at `teacher_dir` is not the teacher the student (`meta`: its student.json) copied, or
     None. The answers it takes over would be another model's, and the agreement the student's report measured
     would no longer describe what is served: a teacher rebuilt in place (a new laya-mini head) is the usual way.
-    A student written before its teacher's digest was recorded (no `provenance.teacher_digest`) is not checked."""
-    recorded = meta.get("provenance", {}).get("teacher_digest")
+    A student written before its teacher's digest was recorded is not checked."""
+    recorded = recorded_teacher(meta)
     if recorded is None or not os.path.isdir(teacher_dir):
         return None
     found = answers_digest(teacher_dir)

@@ -87,14 +87,15 @@ def deferral_latency(path, teacher: str | None, below: Any, threads: int, states
     import torch
 
     import laya
-    from distill.deferral import Deferral, parse_below
+    from distill.deferral import Deferral, parse_below, recorded_teacher
     from distill.remote_teacher import RemoteTeacher, TeacherUnavailable
     from distill.runtime import Student
     from laya.answers import top_option
 
     s = Student(path, threads=threads)
     agent = laya.load(teacher, threads=threads)
-    d = Deferral(RemoteTeacher(remote, api_key=api_key, model=model, field="--defer-to") if remote else agent,
+    d = Deferral(RemoteTeacher(remote, api_key=api_key, model=model, teacher_digest=recorded_teacher(s.meta),
+                               field="--defer-to") if remote else agent,
                  parse_below(below, s.questions, "--defer-below"))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

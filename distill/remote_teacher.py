@@ -18,6 +18,12 @@ that says the server is down or overloaded (no connection, a timeout, a 5xx) sto
 without that, a teacher host that drops packets would cost every unsure request the whole timeout. A caller with
 a deadline of its own (a server's request timeout) passes it: each call then waits at most what is left of it,
 and a call cut short by that deadline says so and pauses nothing, since it says nothing about the server.
+
+A student's agreement figures hold for the teacher it was distilled from, and a server can be redeployed with another
+model under the same URL. `pagoda serve` names the checkpoint behind every decision it returns (`DIGEST_HEADER`:
+`laya.layout.answers_digest`, config and weights); given the digest the student recorded (`teacher_digest`), every
+answer from a server that names another is refused, and the asking pauses as for a server that is down. The
+official laya-serve names none: its answers are taken, and `describe` says they could not be checked.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ import urllib3
 
 from laya.errors import InputError
 
+DIGEST_HEADER = "X-Pagoda-Answers-Digest"
+"""Response header of pagoda's decision routes: the answers digest of the Laya checkpoint that answered."""
+
 
 class TeacherUnavailable(RuntimeError):
     """The remote teacher gave no usable answer; the message names the URL and what went wrong."""
@@ -43,10 +52,12 @@ class RemoteTeacher:
 
     `max_states` states go in one request (the server's `--max-states`, 64 by default, refuses more);
     `timeout_s` bounds each request, connecting included; for `cooldown_s` after the server seemed down (0: never
-    wait) every call fails at once with the reason it was given."""
+    wait) every call fails at once with the reason it was given. `teacher_digest`: the answers digest the answers
+    must come from (the student's `provenance.teacher_digest`); None takes any model's."""
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, api_key: str | None = None, max_states: int = 64,
-                 cooldown_s: float = 5.0, model: str | None = None, field: str = "defer_to"):
+                 cooldown_s: float = 5.0, model: str | None = None, teacher_digest: str | None = None,
+                 field: str = "defer_to"):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise InputError(f"{field}: expected an http(s) URL such as http://host:8000, got {url!r}", field=field)
@@ -61,6 +72,8 @@ class RemoteTeacher:
         self.max_states = max_states
         self.cooldown_s = float(cooldown_s)
         self.model = model
+        self.teacher_digest = teacher_digest
+        self._checked = "not asked yet" if teacher_digest else "off"   # what the last answer said of its model
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._down_reason = ""
@@ -111,6 +124,7 @@ class RemoteTeacher:
             message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
             reason = f"{where}: HTTP {resp.status}" + (f": {message}" if message else "")
             raise self._down(reason) if resp.status >= 500 else TeacherUnavailable(reason)
+        self._check_teacher(where, resp.headers.get(DIGEST_HEADER))
         results = data.get("results") if isinstance(data, dict) else None
         if (not isinstance(results, list) or len(results) != len(states)
                 or not all(isinstance(r, dict) and isinstance(r.get("answers"), dict)
@@ -121,6 +135,19 @@ class RemoteTeacher:
                              for n in questions},
                  "usage": r.get("usage", {})} for r in results]
 
+    def _check_teacher(self, where: str, served: str | None) -> None:
+        """Refuse an answer given by a model other than `teacher_digest`; note whether it could be checked."""
+        if self.teacher_digest is None:
+            return
+        if served is None:
+            self._checked = "unchecked: the server names no answers digest"
+        elif served == self.teacher_digest:
+            self._checked = "the student's teacher"
+        else:
+            self._checked = f"refused: answers digest {served}"
+            raise self._down(f"{where}: the server answers with answers digest {served}, not the student's "
+                             f"teacher ({self.teacher_digest}): its answers would be another model's")
+
     def _down(self, reason: str) -> TeacherUnavailable:
         with self._lock:
             self._down_until = time.monotonic() + self.cooldown_s
@@ -130,7 +157,7 @@ class RemoteTeacher:
     def describe(self) -> dict[str, Any]:
         """For `/stats`: where the teacher is, never its key."""
         return {"url": self.url, "model": self.model, "timeout_s": self.timeout_s, "max_states": self.max_states,
-                "cooldown_s": self.cooldown_s}
+                "cooldown_s": self.cooldown_s, "teacher_digest": self.teacher_digest, "teacher_check": self._checked}
 
 
 def _innermost(exc: BaseException) -> BaseException:

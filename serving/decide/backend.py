@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distill.deferral import Deferral, apply_deferral, parse_below
+from distill.deferral import Deferral, apply_deferral, parse_below, recorded_teacher
 from distill.remote_teacher import RemoteTeacher
 from laya.errors import InputError
+from laya.layout import answers_digest
 from laya.rows import state_text
 from serving.decide.config import DecideConfig, student_precision
 
@@ -29,6 +30,9 @@ class LayaBackend:
         self.agent = agent
         self.name = name
         self.default_questions: dict | None = None
+        # Which checkpoint answers, by what sets its answers (config, weights): a student deferring here checks
+        # it is its own teacher (`distill.remote_teacher.DIGEST_HEADER`).
+        self.answers_digest = answers_digest(agent.source) if agent.source else None
 
     def prepare(self, state: Any, questions: dict, budgets: dict) -> Any:
         return self.agent.prepare(state, questions, **budgets)
@@ -71,6 +75,7 @@ class StudentBackend:
     """A distilled student answers only the questions it was distilled for, all of them in one pass."""
 
     kind = "student"
+    answers_digest = None   # not a Laya checkpoint: nothing deferring here is answered by its own teacher
 
     def __init__(self, student: Any, name: str, threads: int | None = None, deferral: Deferral | None = None):
         self.student = student
@@ -146,7 +151,8 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
         if cfg.defer_below is not None:
             teacher = (RemoteTeacher(cfg.defer_to, timeout_s=cfg.defer_timeout_s, api_key=cfg.defer_api_key,
                                      max_states=cfg.defer_max_states, cooldown_s=cfg.defer_cooldown_s,
-                                     model=cfg.defer_model)
+                                     model=cfg.defer_model,
+                                     teacher_digest=None if cfg.defer_any_teacher else recorded_teacher(student.meta))
                        if cfg.defer_to else _load_laya(cfg))
             deferral = Deferral(teacher, parse_below(cfg.defer_below, student.questions, "defer_below"))
         return StudentBackend(student, f"student:{student.name}", cfg.torch_threads or None, deferral)

@@ -40,9 +40,10 @@ class DecideConfig(Settings):
     defer_cooldown_s: float = option(5.0, "with --defer-to: after the remote teacher seemed down (no connection, a "
                                            "timeout, a 5xx), how long to keep the student's answers without asking",
                                      minimum=0)
-    defer_any_teacher: bool = option(False, "with --defer-below and a model loaded here: let a Laya model other "
-                                            "than the student's own teacher (student.json's provenance."
-                                            "teacher_digest) take its unsure answers")
+    defer_any_teacher: bool = option(False, "with --defer-below: let a Laya model other than the student's own "
+                                            "teacher (student.json's provenance.teacher_digest) take its unsure "
+                                            "answers; otherwise such a model loaded here is refused at startup, and "
+                                            "a --defer-to server's answers whenever it names another checkpoint")
     defer_api_key: str | None = option(None, "with --defer-to: the remote server's API key (environment only)",
                                        env_only=True)
     device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")

@@ -6,6 +6,7 @@ the parser; question types come from laya, the one place that defines them.
 
 from __future__ import annotations
 
+from distill.remote_teacher import DIGEST_HEADER
 from laya.questions import QUESTION_TYPES
 from serving.decide.config import DecideConfig
 from serving.decide.schema import ROUTE_FIELDS
@@ -108,4 +109,9 @@ def openapi(cfg: DecideConfig) -> dict:
         "/v1/systemone/batch": post("laya-serve compatible batch", "SystemOneBatchRequest",
                                     "SystemOneBatchResponse", "SystemOneError"),
     }
+    for route in paths.values():
+        route["post"]["responses"]["200"]["headers"] = {DIGEST_HEADER: {
+            "description": "the answers digest (config and weights) of the Laya checkpoint that answered; absent "
+                           "when a student answers. A student deferring here refuses another checkpoint's answers",
+            "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}}
     return {"paths": paths, "schemas": schemas}

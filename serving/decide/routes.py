@@ -16,6 +16,7 @@ from typing import Any
 from flask import Blueprint, g, request
 from prometheus_client import CollectorRegistry
 
+from distill.remote_teacher import DIGEST_HEADER
 from serving.decide import systemone
 from serving.decide.config import DecideConfig
 from serving.decide.metrics import DecideMetrics
@@ -43,6 +44,7 @@ class DecideApi:
         for rule, view in (("/decide", self.decide), ("/decide/batch", self.decide_batch),
                            ("/v1/systemone", self.systemone), ("/v1/systemone/batch", self.systemone_batch)):
             self.blueprint.add_url_rule(rule, view_func=view, methods=["POST"])
+        self.blueprint.after_request(self._name_checkpoint)
 
     # What the app factory asks of every API.
 
@@ -70,6 +72,7 @@ class DecideApi:
         data = [] if backend is None else [{
             "id": backend.name, "object": "model", "owned_by": "pagoda", "kind": backend.kind,
             "questions": sorted(backend.default_questions) if backend.default_questions else None,
+            "answers_digest": backend.answers_digest,
         }]
         return {"data": data, "presets": self.answerable_presets()}
 
@@ -124,6 +127,13 @@ class DecideApi:
     def systemone_batch(self) -> dict:
         results, _ = self.service.decide(self._read("systemone_batch"), g.t0, g.request_id, batch=True)
         return systemone.batch(results)
+
+    def _name_checkpoint(self, response):
+        """Every decision says which checkpoint gave it, so a student deferring here can refuse another model's."""
+        backend = self.service.backend if self.service else None
+        if response.status_code == 200 and backend is not None and backend.answers_digest:
+            response.headers[DIGEST_HEADER] = backend.answers_digest
+        return response
 
     def _read(self, route: str) -> DecideRequest:
         body = parse_json(request.get_data(cache=False))

@@ -18,10 +18,11 @@ import requests
 from distill_support import DEFER_STATES as STATES
 from distill_support import TASK, pagoda, torch_threads
 
-from distill.deferral import Deferral, parse_below
-from distill.remote_teacher import RemoteTeacher
+from distill.deferral import Deferral, parse_below, recorded_teacher
+from distill.remote_teacher import DIGEST_HEADER, RemoteTeacher
 from distill.runtime import Student
 from laya.errors import InputError
+from laya.layout import answers_digest
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "remote-teacher-key"
@@ -88,7 +89,36 @@ def test_the_server_answers_as_the_teacher_here_does(pair, teacher_url):
     assert all(r["usage"]["deferral_error"] is None for r in there)
     assert 0 < sum(len(r["usage"]["deferred_questions"]) for r in there) < len(STATES) * len(QUESTIONS)
     assert remote.describe() == {"url": teacher_url, "model": None, "timeout_s": 10.0, "max_states": 2,
-                                 "cooldown_s": 5.0}  # no key
+                                 "cooldown_s": 5.0, "teacher_digest": None, "teacher_check": "off"}  # no key
+
+
+def test_only_the_student_s_own_teacher_is_taken(pair, teacher_url, distill_inputs):
+    """The server names its checkpoint with every decision (and in /v1/models); given the digest the student
+    recorded, the teacher's answers are taken, and another checkpoint's are refused like a failed call: a server
+    redeployed with another model under the same URL must not answer as if it had taught the student."""
+    student, teacher = pair
+    recorded = recorded_teacher(student.meta)
+    assert recorded == answers_digest(distill_inputs["teacher"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = requests.post(teacher_url + "/v1/systemone/batch", json={"states": STATES[:1], "questions": TASK["questions"]},
+                      headers=auth, timeout=30)
+    assert r.status_code == 200 and r.headers[DIGEST_HEADER] == recorded
+    listed = requests.get(teacher_url + "/v1/models", headers=auth, timeout=10).json()["data"]
+    assert [m["answers_digest"] for m in listed if m["kind"] == "laya"] == [recorded]
+
+    below = _below(student)
+    own = RemoteTeacher(teacher_url, api_key=KEY, teacher_digest=recorded)
+    assert own.describe()["teacher_check"] == "not asked yet"
+    there = student.predict_batch(STATES, defer=Deferral(own, below))
+    assert there == student.predict_batch(STATES, defer=Deferral(teacher, below))
+    assert own.describe()["teacher_check"] == "the student's teacher"
+
+    other = RemoteTeacher(teacher_url, api_key=KEY, teacher_digest="0123456789abcdef", cooldown_s=60)
+    out = student.predict_batch(STATES, defer=Deferral(other, parse_below(1, QUESTIONS)))
+    _student_kept(student, STATES, out, f"answers digest {recorded}, not the student's teacher (0123456789abcdef)")
+    assert other.describe()["teacher_check"] == f"refused: answers digest {recorded}"
+    again = student.predict_batch(STATES[:1], defer=Deferral(other, parse_below(1, QUESTIONS)))
+    assert "not asked again" in again[0]["usage"]["deferral_error"]   # paused, as for a server that is down
 
 
 def test_request_threads_share_one_remote_teacher(pair, teacher_url):

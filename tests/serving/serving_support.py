@@ -39,8 +39,10 @@ def free_port() -> int:
 class ServerProcess:
     """`pagoda serve FLAGS` as a subprocess; `running()` (re)starts it, so a test may stop it for good."""
 
-    def __init__(self, log_path: Path, flags: list[str], env: dict[str, str] | None = None):
+    def __init__(self, log_path: Path, flags: list[str], env: dict[str, str] | None = None, port: int | None = None):
+        """`port`: the one to listen on (a server redeployed where another was); otherwise a free one each start."""
         self.flags = flags
+        self.fixed_port = port
         self.log_path = log_path
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PAGODA_")}
         # Decision servers leave the LLM off (`--generate-model` flags win over this): loading it is the
@@ -52,7 +54,7 @@ class ServerProcess:
         self.start()
 
     def start(self) -> None:
-        self.port = free_port()
+        self.port = self.fixed_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(

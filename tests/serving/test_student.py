@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -109,19 +111,34 @@ def test_unsure_answers_go_to_the_laya_model(student, tmp_path):
         server.stop()
 
 
+def _rebuilt_teacher(tmp_path) -> Path:
+    """TINY_BERT with its temperatures refitted: another model to the student, as laya-mini with a new head is."""
+    import json
+    import shutil
+
+    other = tmp_path / "rebuilt"
+    shutil.copytree(TINY_BERT, other)
+    config = json.loads((other / "rl_agent_config.json").read_text())
+    config["temperature"] = [t * 1.5 for t in config["temperature"]]
+    (other / "rl_agent_config.json").write_text(json.dumps(config))
+    return other
+
+
 def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
     """`--student DIR --defer-below ... --defer-to URL`: another pagoda server's Laya model takes the unsure answers,
     exactly as a model loaded in this process would. When that server is gone, every answer is the student's,
-    each state says why, /stats and /metrics count it, and the edge server keeps answering."""
+    each state says why, /stats and /metrics count it, and the edge server keeps answering. When another model
+    is served at that URL (a teacher redeployed with a new head), its answers are refused, naming its digest."""
     import laya
     from distill.deferral import Deferral, parse_below
     from distill.runtime import Student
+    from laya.layout import answers_digest
 
     folder, _ = student
     teacher_server = ServerProcess(tmp_path / "teacher.log", ["--model", str(TINY_BERT)]).running()
     server = ServerProcess(tmp_path / "edge.log", ["--student", str(folder), "--defer-below", "department=1,churn=0",
                                                    "--defer-to", teacher_server.url, "--defer-timeout-s", "5",
-                                                   "--defer-max-states", "2"]).running()
+                                                   "--defer-max-states", "2", "--defer-cooldown-s", "1"]).running()
     try:
         local = Student(folder)
         here = Deferral(laya.load(str(TINY_BERT), threads=1), parse_below("department=1,churn=0", local.questions))
@@ -137,7 +154,8 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
                     "deferral_error": None}
         engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
         assert engine["defer_to"] == {"url": teacher_server.url, "model": None, "timeout_s": 5.0, "max_states": 2,
-                                      "cooldown_s": 5.0}
+                                      "cooldown_s": 1.0, "teacher_digest": answers_digest(TINY_BERT),
+                                      "teacher_check": "the student's teacher"}
 
         teacher_server.stop()
         r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
@@ -149,6 +167,22 @@ def test_unsure_answers_go_to_a_remote_server(student, tmp_path):
         stats = requests.get(server.url + "/stats", timeout=10).json()
         assert (stats["deferred_answers"], stats["deferral_errors"]) == (len(states), len(states))
         assert f"pagoda_deferral_errors_total {len(states)}.0" in requests.get(server.url + "/metrics", timeout=10).text
+
+        time.sleep(1.0)   # the cooldown the refused connection started
+        rebuilt = _rebuilt_teacher(tmp_path)
+        redeployed = ServerProcess(tmp_path / "redeployed.log", ["--model", str(rebuilt)],
+                                   port=teacher_server.port).running()
+        try:
+            r = requests.post(server.url + "/decide/batch", json={"states": states}, timeout=60)
+            assert r.status_code == 200, r.text
+            for got, mine in zip(r.json()["results"], alone):
+                assert got["answers"] == {q: {**a, "answered_by": "student"} for q, a in mine["answers"].items()}
+                assert (f"answers digest {answers_digest(rebuilt)}, not the student's teacher "
+                        f"({answers_digest(TINY_BERT)})") in got["usage"]["deferral_error"]
+            engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
+            assert engine["defer_to"]["teacher_check"] == f"refused: answers digest {answers_digest(rebuilt)}"
+        finally:
+            redeployed.stop()
     finally:
         server.stop()
         teacher_server.stop()
@@ -181,6 +215,8 @@ def test_a_slow_remote_teacher_holds_up_no_other_request(student, tmp_path, cann
             got = waiting.result().json()
         assert got["answers"]["department"] == {**answer, "answered_by": "teacher"}
         assert got["usage"]["teacher_input_tokens"] == 7
+        engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
+        assert engine["defer_to"]["teacher_check"] == "unchecked: the server names no answers digest"
     finally:
         server.stop()
 
@@ -217,7 +253,6 @@ def test_a_teacher_other_than_the_students_own_is_refused_unless_allowed(student
     """A teacher rebuilt in place (here: a refitted temperature) would answer the unsure share as another model:
     `--defer-below` with a model loaded here checks it against the digest the student recorded when distilled."""
     import json
-    import shutil
 
     from distill.deferral import teacher_mismatch
     from laya.layout import answers_digest
@@ -228,11 +263,7 @@ def test_a_teacher_other_than_the_students_own_is_refused_unless_allowed(student
     assert meta["provenance"]["teacher_digest"] == answers_digest(TINY_BERT)
     assert teacher_mismatch(meta, TINY_BERT) is None
     DecideConfig(student=str(folder), model=str(TINY_BERT), defer_below="0.5")
-    other = tmp_path / "rebuilt"
-    shutil.copytree(TINY_BERT, other)
-    config = json.loads((other / "rl_agent_config.json").read_text())
-    config["temperature"] = [t * 1.5 for t in config["temperature"]]
-    (other / "rl_agent_config.json").write_text(json.dumps(config))
+    other = _rebuilt_teacher(tmp_path)
     with pytest.raises(ValueError, match=r"--defer-below / PAGODA_DEFER_BELOW: the student was distilled from .*"
                                          r"answers digest .* but the teacher here, .*rebuilt, has digest .*"
                                          r"--defer-any-teacher / PAGODA_DEFER_ANY_TEACHER"):

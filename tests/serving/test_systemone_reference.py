@@ -131,16 +131,18 @@ def test_the_comparison_sees_both_confidences_vary(server, official):
 def test_a_student_defers_to_laya_serve_as_to_its_teacher_here(official, student_folder):
     """`RemoteTeacher` speaks /v1/systemone/batch, so a student can hand its unsure answers to the official server:
     they are the answers its teacher gives in this process, usage included (laya-serve's `x_jev_confidence` is
-    dropped)."""
+    dropped). laya-serve names no checkpoint, so its answers are taken unchecked, and the check says so."""
     import laya
-    from distill.deferral import Deferral, parse_below
+    from distill.deferral import Deferral, parse_below, recorded_teacher
     from distill.remote_teacher import RemoteTeacher
     from distill.runtime import Student
 
     student = Student(student_folder)
     below = parse_below(1, student.questions)
-    there = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(official, model="tiny", max_states=2), below))
+    remote = RemoteTeacher(official, model="tiny", max_states=2, teacher_digest=recorded_teacher(student.meta))
+    there = student.predict_batch(STATES, defer=Deferral(remote, below))
     here = student.predict_batch(STATES, defer=Deferral(laya.load(str(TINY_BERT), threads=1), below))
     assert there == here
     assert all(r["usage"]["deferral_error"] is None for r in there)
+    assert remote.describe()["teacher_check"] == "unchecked: the server names no answers digest"  # laya-serve's
     assert sum(len(r["usage"]["deferred_questions"]) for r in there) >= len(STATES)
