@@ -272,6 +272,10 @@ def _register_mini(commands: Any) -> None:
                         "confidence natural text does not earn (default 0)")
     f.add_argument("--kl-weight", default="1.0", metavar="W",
                    help="weight of the cosine-teacher KL on intent choices (default 1.0)")
+    f.add_argument("--opaque-options", default="0", metavar="P",
+                   help="share of the intent and generated-ticket choices whose options are named by codes (\"queue "
+                        "A\", \"T-314\") with the meaning in their descriptions only, so the head learns to read "
+                        "descriptions (default 0)")
     f.add_argument("--no-calib-tickets", action="store_true",
                    help="fit the temperatures without datasets/handwritten_tickets_calib.jsonl (the default "
                         "--calib-sources less handwritten)")
@@ -389,6 +393,7 @@ def _mini_finetune(args: argparse.Namespace) -> int:
                              mix=_mix_flag(args.mix) or dict(MIX),
                              precision=args.precision, encoder_layers=_int_flag("--encoder-layers", args.encoder_layers),
                              kl_weight=_float_flag("--kl-weight", args.kl_weight),
+                             opaque_options=_float_flag("--opaque-options", args.opaque_options),
                              corpus_layers=_int_flag("--corpus-layers", args.corpus_layers),
                              label_smoothing=_float_flag("--label-smoothing", args.label_smoothing),
                              calib_sources=_calib_sources_flag(args.calib_sources, args.no_calib_tickets),

@@ -29,6 +29,7 @@ class CorpusConfig:
     reviews_train: int = 1600
     reviews_calib: int = 400
     reviews_test: int = 500
+    opaque_options: float = 0.0   # share of the train tickets' department choices named "queue A", "T-314", ...
 
 
 def _bucket(key: str, seed: int) -> float:
@@ -51,7 +52,8 @@ def build(cfg: CorpusConfig) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {split: [] for split in SPLITS}
     for i, (split, n) in enumerate((("train", cfg.tickets_train), ("calib", cfg.tickets_calib),
                                     ("test", cfg.tickets_test))):
-        out[split] += forms.ticket_examples(tickets.generate(n, seed=1000 * s + i), seed=1000 * s + 10 + i)
+        out[split] += forms.ticket_examples(tickets.generate(n, seed=1000 * s + i), seed=1000 * s + 10 + i,
+                                            p_opaque=cfg.opaque_options if split == "train" else 0.0)
     unseen = tickets.generate(cfg.tickets_unseen, seed=1000 * s + 3, departments=tickets.HELDOUT_DEPARTMENTS)
     out["test"] += forms.heldout_department_examples(unseen, seed=1000 * s + 13)
 

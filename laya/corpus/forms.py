@@ -60,11 +60,34 @@ _TOPIC_INSTRUCTIONS = ("What is this conversation about?", "topic", "Which of th
                        "Pick the subject of the chat.", "Which category does this exchange belong to?")
 
 
+_OPAQUE_FORMS = ("option {a}", "{a}", "queue {n}", "team {n}", "route {n}", "group {a}", "class {n}", "Q{n}",
+                 "T-{c}", "bucket {c}")
+
+
+def opaque_names(k: int, rng: random.Random) -> list[str]:
+    """`k` option names that say nothing of what the options mean (letters, numbers, codes), in one style.
+
+    Why: every label the corpus and the intents write carries its meaning in its name, and descriptions only
+    repeat it, so a head trained on them routes by name and never reads a description: laya-mini answered the
+    support-triage department no better than by chance with its names replaced by "queue A/B/C" (Dec 6 probe,
+    docs/laya-mini-log.md). A row whose only meaning is in its descriptions teaches reading them."""
+    form = rng.choice(_OPAQUE_FORMS)
+    codes = rng.sample(range(100, 1000), k)
+    return [form.format(a=chr(ord("A") + i), n=i + 1, c=codes[i]) for i in range(k)]
+
+
 def _choice(instructions: str, options: list[tuple[str, str]], gold: str, rng: random.Random,
-            p_descriptions: float = 0.5) -> tuple[dict, str]:
-    """A choice over `options` [(label, description)] in random order; descriptions on or off as a whole."""
+            p_descriptions: float = 0.5, p_opaque: float = 0.0) -> tuple[dict, str]:
+    """A choice over `options` [(label, description)] in random order; descriptions on or off as a whole. With
+    `p_opaque`, the labels are replaced by `opaque_names` and the descriptions always shown (0 draws nothing, so
+    corpora built before it are unchanged)."""
     options = list(options)
     rng.shuffle(options)
+    if p_opaque and rng.random() < p_opaque and all(desc for _, desc in options):
+        names = opaque_names(len(options), rng)
+        gold = names[[label for label, _ in options].index(gold)]
+        return {"type": "choice", "instructions": instructions,
+                "criteria": {name: desc for name, (_, desc) in zip(names, options)}}, gold
     if rng.random() < p_descriptions:
         criteria: dict | list = {label: desc for label, desc in options}
     else:
@@ -87,8 +110,10 @@ def _score(instructions: str, levels: tuple[str, ...], gold: int) -> tuple[dict,
     return {"type": "score", "instructions": instructions, "criteria": list(levels)}, gold
 
 
-def ticket_questions(t: dict, rng: random.Random, pool: tuple[str, ...]) -> list[tuple[dict, object]]:
-    """Questions about one ticket; department options come from `pool` (training or held-out label set)."""
+def ticket_questions(t: dict, rng: random.Random, pool: tuple[str, ...],
+                     p_opaque: float = 0.0) -> list[tuple[dict, object]]:
+    """Questions about one ticket; department options come from `pool` (training or held-out label set), with
+    `p_opaque` of them named by `opaque_names`."""
     out = []
     if rng.random() < 0.85:
         dept = t["department"]
@@ -104,7 +129,7 @@ def ticket_questions(t: dict, rng: random.Random, pool: tuple[str, ...]) -> list
             gold = dept
         names = {d: rng.choice(DEPARTMENT_NAMES[d]) for d in chosen}
         opts = [(names[d], rng.choice(DEPARTMENT_DESCRIPTIONS[d])) for d in chosen]
-        out.append(_choice(rng.choice(_DEPT_INSTRUCTIONS), opts, names[gold], rng))
+        out.append(_choice(rng.choice(_DEPT_INSTRUCTIONS), opts, names[gold], rng, p_opaque=p_opaque))
     if rng.random() < 0.7:
         out.append(_score(rng.choice(_URGENCY_INSTRUCTIONS), rng.choice(_URGENCY_SCALES), t["urgency"]))
     if rng.random() < 0.7:
@@ -193,9 +218,9 @@ def example(source: str, state, qs: list[tuple[dict, object]], rng: random.Rando
 
 
 def ticket_examples(items: list[dict], seed: int, pool: tuple[str, ...] = tickets.DEPARTMENTS,
-                    source: str = "tickets") -> list[dict]:
+                    source: str = "tickets", p_opaque: float = 0.0) -> list[dict]:
     rng = random.Random(seed)
-    return [example(source, t["text"], ticket_questions(t, rng, pool), rng) for t in items]
+    return [example(source, t["text"], ticket_questions(t, rng, pool, p_opaque), rng) for t in items]
 
 
 def heldout_department_examples(items: list[dict], seed: int) -> list[dict]:

@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from laya.corpus.forms import opaque_names
+
 DEFAULT_DATA = Path("../shared/data")
 SNIPS_INTENTS = ("AddToPlaylist", "BookRestaurant", "GetWeather", "PlayMusic", "RateBook",
                  "SearchCreativeWork", "SearchScreeningEvent")
@@ -114,6 +116,7 @@ class IntentSource:
     seed: int = 0
     p_oos: float = 0.08
     p_choice: float = 0.65
+    p_opaque: float = 0.0               # choices named by `forms.opaque_names`, the meaning in the descriptions only
     items: list[tuple[str, str]] = field(init=False)
     oos: list[str] = field(init=False)
 
@@ -183,7 +186,12 @@ class IntentSource:
             labels, gold_label = self._others(y, max(1, n_real), rng), None
         rng.shuffle(labels)
         form = rng.choice(("raw", "human", "human", "title"))
-        if rng.random() < 0.25:
+        if self.p_opaque and rng.random() < self.p_opaque:   # 0 draws nothing: streams made before it are unchanged
+            df = rng.choice(DESCRIPTION_FORMS)
+            words = opaque_names(len(labels), rng)
+            crit = {w: df.format(h=humanise(x), d=self.domain[x]) for w, x in zip(words, labels)}
+            described = True
+        elif rng.random() < 0.25:
             df = rng.choice(DESCRIPTION_FORMS)
             words = [self._word(x, "raw" if rng.random() < 0.5 else form) for x in labels]
             crit: dict[str, str | None] = {w: df.format(h=humanise(x), d=self.domain[x]) for w, x in zip(words, labels)}

@@ -62,6 +62,8 @@ class FinetuneConfig:
     label_smoothing: float = 0.0     # targets of every source but intents (hand-written tickets too) mixed with
                                      # this much of uniform over the row's options
     kl_weight: float = 1.0           # the cosine-teacher KL on intent choices (10 with all 6 layers: Dec 4 sweep)
+    opaque_options: float = 0.0      # share of intent and train-ticket choices whose options are named "queue A",
+                                     # "T-314", ...: the meaning in the descriptions only (laya.corpus.forms)
     teacher_tau: float = 0.05        # the NLL-optimal temperature of the cosine ranking on train-label choices
     loss: LossWeights = field(default_factory=lambda: LossWeights(log=1.0, spherical=0.5, rps=1.0))
     act_weight: float = 0.1
@@ -108,6 +110,8 @@ class FinetuneConfig:
             raise ValueError(f"--kl-weight: must be >= 0, got {self.kl_weight!r}")
         if not self.teacher_tau > 0:
             raise ValueError(f"finetune: teacher_tau must be > 0, got {self.teacher_tau!r}")
+        if not 0 <= self.opaque_options <= 1:
+            raise ValueError(f"--opaque-options: must be in [0, 1], got {self.opaque_options!r}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"--label-smoothing: must be in [0, 1), got {self.label_smoothing!r}")
         for name in ("warmup", "shuffle_options", "option_subsets"):
@@ -274,8 +278,9 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     t0 = time.time()
     times: dict[str, float] = {}
-    intents = IntentSource(Path(cfg.data), "train", seed=cfg.seed) if cfg.mix.get("intents") else None
-    corpus = build(CorpusConfig(seed=cfg.seed, **cfg.corpus))
+    intents = (IntentSource(Path(cfg.data), "train", seed=cfg.seed, p_opaque=cfg.opaque_options)
+               if cfg.mix.get("intents") else None)
+    corpus = build(CorpusConfig(seed=cfg.seed, opaque_options=cfg.opaque_options, **cfg.corpus))
     by_source: dict[str, list] = {}
     for i, ex in enumerate(corpus["train"]):
         for it in items_from_example(ex, f"train:{i}"):

@@ -106,18 +106,38 @@ def _log_loss(gold_p: np.ndarray) -> float:
     return float(-np.log(np.maximum(gold_p, 1e-4)).mean())
 
 
+OPAQUE_INTENT_NAMES = tuple(f"choice {c}" for c in "ABCDE")
+OPAQUE_DEPARTMENT_NAMES = tuple(f"desk {c}" for c in "ABCDEFGH")
+"""Option names that say nothing, for the `_opaque` measures: the meaning is in the descriptions only, as when a user
+names queues by code. Forms no training row uses (`laya.corpus.forms.opaque_names`)."""
+
+
+def _criteria(opts: list[str], wording: str) -> dict[str, str] | list[str]:
+    """A held-out item's options as the `wording` writes them: humanised names, raw names, or opaque names each
+    described by its humanised label."""
+    if wording == "opaque":
+        return {name: humanise(o) for name, o in zip(OPAQUE_INTENT_NAMES, opts)}
+    return [humanise(o) if wording == "human" else o for o in opts]
+
+
+def _rendered(criteria: dict[str, str] | list[str]) -> list[str]:
+    """What an option reads as in laya's row (`name: description`), which the cosine baseline compares with."""
+    return [f"{k}: {v}" for k, v in criteria.items()] if isinstance(criteria, dict) else list(criteria)
+
+
 def eval_intents(agent, cosine: Cosine, sets: dict[str, list[tuple[str, list[str], int]]]) -> dict[str, Any]:
     res: dict[str, Any] = {}
     for name, items in sets.items():
-        for wording, word in (("human", humanise), ("raw", str)):
-            qs = [(t, {"intent": {"type": "choice", "instructions": EVAL_INSTRUCTION,
-                                  "criteria": [word(o) for o in opts]}}) for t, opts, _ in items]
+        for wording in ("human", "raw", "opaque"):
+            crits = [_criteria(opts, wording) for _, opts, _ in items]
+            qs = [(t, {"intent": {"type": "choice", "instructions": EVAL_INSTRUCTION, "criteria": c}})
+                  for (t, _, _), c in zip(items, crits)]
             ans = [a["intent"] for a in _answers(agent, qs)]
-            golds = [word(opts[g]) for _, opts, g in items]
+            golds = [list(c)[g] for (_, _, g), c in zip(items, crits)]
             hit = np.array([a["choice"] == gold for a, gold in zip(ans, golds)], dtype=float)
             conf = np.array([max(a["probabilities"].values()) for a in ans])
-            base = np.array([cosine.choose(t, [word(o) for o in opts]) == g for t, opts, g in items], dtype=float)
-            key = name if wording == "human" else f"{name}_raw"
+            base = np.array([cosine.choose(t, _rendered(c)) == g for (t, _, g), c in zip(items, crits)], dtype=float)
+            key = name if wording == "human" else f"{name}_{wording}"
             gold_p = np.array([a["probabilities"][gold] for a, gold in zip(ans, golds)], dtype=float)
             res[key] = {"n": len(items), "laya": float(hit.mean()), "cosine": float(base.mean()),
                         "laya_ece10": ece(conf, hit, ECE_BINS), "laya_nll": _log_loss(gold_p),
@@ -149,12 +169,20 @@ def ticket_rows(agent, cosine: Cosine, tickets: list[dict[str, Any]]) -> dict[st
     rendered = [f"{k}: {v}" for k, v in crit.items()]   # what the option reads as in laya's row
     keys = list(crit)
     texts = [t["text"] for t in tickets]
+    opaque_names = dict(zip(keys, OPAQUE_DEPARTMENT_NAMES))
+    opaque = {**questions["department"], "criteria": {opaque_names[k]: v for k, v in crit.items()}}
+    by_description = _answers(agent, [(x, {"department": opaque}) for x in texts])
+    opaque_rendered = _rendered(opaque["criteria"])
     edited = _answers(agent, [(x, questions) for x in noise.same_meaning_copies(texts)])
     clean = [a for a in ans for _ in range(noise.EDIT_COPIES)]
     rows = {"department_hit": np.array([d["choice"] == t["department"] for d, t in zip(dept, tickets)], dtype=float),
             "department_conf": np.array([max(d["probabilities"].values()) for d in dept]),
             "department_cosine_hit": np.array([keys[cosine.choose(t["text"], rendered)] == t["department"]
                                                for t in tickets], dtype=float),
+            "department_opaque_hit": np.array([a["department"]["choice"] == opaque_names[t["department"]]
+                                               for a, t in zip(by_description, tickets)], dtype=float),
+            "department_opaque_cosine_hit": np.array([keys[cosine.choose(t["text"], opaque_rendered)] == t["department"]
+                                                      for t in tickets], dtype=float),
             "churn": churn,
             "churn_hit": np.array([(p > 0.5) == t["churn"] for p, t in zip(churn, tickets)], dtype=float),
             "urgency_error": np.array([abs(a["urgency"]["score"] - t["urgency"]) for a, t in zip(ans, tickets)]),
@@ -176,6 +204,8 @@ def summarize_tickets(rows: dict[str, np.ndarray]) -> dict[str, Any]:
             "self_agreement_under_edits": {k.removeprefix("unchanged_"): float(v.mean())
                                            for k, v in rows.items() if k.startswith("unchanged_")},
             "department": float(dhit.mean()), "department_cosine": float(rows["department_cosine_hit"].mean()),
+            "department_opaque": float(rows["department_opaque_hit"].mean()),
+            "department_opaque_cosine": float(rows["department_opaque_cosine_hit"].mean()),
             "department_ece10": ece(dconf, dhit, ECE_BINS),
             "department_ece10_by_chance": ece_by_chance(dconf, dhit, ECE_BINS),
             "churn": float(chit.mean()),
@@ -252,6 +282,8 @@ def _ticket_lines(t: dict[str, Any], title: str) -> list[str]:
     return [f"{title} (n={t['n']}): department {t['department']:.3f} (cosine {t['department_cosine']:.3f}), churn "
             f"{t['churn']:.3f}, urgency MAE {t['urgency_mae']:.3f}, department ECE10 {t['department_ece10']:.3f} "
             "(after calibration)",
+            f"  department with the options named {', '.join(OPAQUE_DEPARTMENT_NAMES[:3])} (the meaning in the "
+            f"descriptions only): {t['department_opaque']:.3f} (cosine {t['department_opaque_cosine']:.3f})",
             _ece_context(t["department_ece10_by_chance"], t["n"]),
             "  log loss of the gold answer: " + ", ".join(f"{k} {v:.3f}" for k, v in t["nll"].items()),
             f"  answer unchanged under meaning-keeping edits ({noise.EDIT_COPIES} per ticket): "
@@ -276,7 +308,7 @@ def summary(report: dict[str, Any]) -> str:
     lines += ["", "where laya-mini trails the baseline most (humanised-label sets; true intent: laya vs cosine, "
               "its most frequent wrong answer):"]
     for k, v in report["intents"].items():
-        if k.endswith("_raw"):
+        if k.endswith(("_raw", "_opaque")):
             continue
         worst = sorted(v["by_intent"].items(), key=lambda kv: kv[1]["laya"] - kv[1]["cosine"])[:WORST_INTENTS]
         parts = []

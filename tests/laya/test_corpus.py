@@ -119,3 +119,32 @@ def test_write_round_trips(tmp_path, splits):
     assert sum(1 for _ in open(paths["train"])) == len(splits["train"])
     assert json.loads((tmp_path / "corpus.json").read_text())["seed"] == 3
     assert build(SMALL) == splits   # same config, same corpus
+
+
+
+def test_opaque_options_carry_their_meaning_in_the_descriptions_only():
+    """`opaque_options`: the train tickets' department choices named by codes, each option still described, the
+    gold the code of the right description; calib and test rows unchanged; at 0 the corpus is what it was (no draw)."""
+    import random
+
+    assert len(set(forms.opaque_names(5, random.Random(0)))) == 5
+    cfg = dict(seed=1, tickets_train=200, tickets_calib=40, tickets_test=40, tickets_unseen=10, reviews_train=20,
+               reviews_calib=5, reviews_test=5)
+    plain, opaque = build(CorpusConfig(**cfg)), build(CorpusConfig(**cfg, opaque_options=1.0))
+    assert build(CorpusConfig(**cfg, opaque_options=0.0)) == plain
+    assert opaque["calib"] == plain["calib"] and opaque["test"] == plain["test"]
+    department_of = {d: dept for dept, ds in forms.DEPARTMENT_DESCRIPTIONS.items() for d in ds}
+    worded = {w for ws in forms.DEPARTMENT_NAMES.values() for w in ws}
+    truth = {t["text"]: t["department"] for t in tickets.generate(200, seed=1000)}   # build's train tickets
+    asked = 0
+    for ex in (e for e in opaque["train"] if e["source"] == "tickets"):
+        for name, q in ex["questions"].items():
+            crit = q.get("criteria")
+            if q["type"] != "choice" or not isinstance(crit, dict) or not set(crit.values()) <= set(department_of):
+                continue   # not a department choice
+            assert not set(crit) & worded, crit   # every one is named by a code
+            shown = {department_of[d] for d in crit.values()}
+            gold = department_of[crit[ex["labels"][name]]]
+            assert gold == (truth[ex["state"]] if truth[ex["state"]] in shown else "other"), (ex["state"], crit)
+            asked += 1
+    assert asked > 100
