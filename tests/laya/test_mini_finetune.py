@@ -43,6 +43,34 @@ def test_finetune_writes_a_calibrated_checkpoint_that_answers_differently(laya_t
     assert (out / "calib.jsonl").stat().st_size > 0
 
 
+def test_opaque_options_reach_the_intent_and_ticket_rows_and_the_recipe(laya_tiny_bert, data, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
+    """`opaque_options` is what the run's intent source and corpus are built with, and the checkpoint records it."""
+    from laya.corpus import build as corpus_build
+    from laya.corpus import intents as intent_corpus
+
+    seen = {}
+    real_source, real_build = intent_corpus.IntentSource, corpus_build.build
+
+    def source(*args, **kwargs):
+        seen["intents"] = kwargs.get("p_opaque")
+        return real_source(*args, **kwargs)
+
+    def build(cfg):
+        seen["corpus"] = cfg.opaque_options
+        return real_build(cfg)
+
+    monkeypatch.setattr(intent_corpus, "IntentSource", source)
+    monkeypatch.setattr(corpus_build, "build", build)
+    out = tmp_path / "ft"
+    finetune(FinetuneConfig(init=laya_tiny_bert, out=str(out), data=str(data), steps=2, batch_size=8,
+                            window_batches=2, mix={"intents": 0.5, "tickets": 0.5}, corpus=TINY_CORPUS,
+                            intents_calib=0, threads=1, opaque_options=0.5), progress=False)
+    assert seen == {"intents": 0.5, "corpus": 0.5}
+    recipe = json.loads((out / "rl_agent_config.json").read_text())["laya_mini"]["fine_tune"]
+    assert recipe["opaque_options"] == 0.5
+
+
 def test_corpus_layers_zero_leaves_the_encoder_to_intent_batches(laya_tiny_bert, data, tmp_path):  # noqa: F811
     """`--corpus-layers 0` with tickets alone: every encoder layer is set to train, yet none moves (beyond F16
     rounding), since only intent batches may train them; the head still trains."""
@@ -187,6 +215,8 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--init", "INIT", "--out", "OUT", "--calib-sources", ""], "--calib-sources"),
     (["--init", "INIT", "--out", "OUT", "--label-smoothing", "lots"], "--label-smoothing"),
     (["--init", "INIT", "--out", "OUT", "--kl-weight", "-1"], "--kl-weight"),
+    (["--init", "INIT", "--out", "OUT", "--opaque-options", "1.5"], "--opaque-options"),
+    (["--init", "INIT", "--out", "OUT", "--opaque-options", "some"], "--opaque-options"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(argv, flag, laya_tiny_bert, tmp_path, capsys):
     from serving.cli import main
