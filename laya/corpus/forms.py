@@ -68,9 +68,9 @@ def opaque_names(k: int, rng: random.Random) -> list[str]:
     """`k` option names that say nothing of what the options mean (letters, numbers, codes), in one style.
 
     Why: every label the corpus and the intents write carries its meaning in its name, and descriptions only
-    repeat it, so a head trained on them routes by name and never reads a description: laya-mini answered the
-    support-triage department no better than by chance with its names replaced by "queue A/B/C" (Dec 6 probe,
-    docs/laya-mini-log.md). A row whose only meaning is in its descriptions teaches reading them."""
+    repeat it, so a head trained on them routes by name and hardly reads a description: with the support-triage
+    departments renamed "desk A/B/C", round 6 routes 0.51 of the dev tickets right, against 0.85 by name
+    (docs/laya-mini-log.md, R24). A row whose only meaning is in its descriptions teaches reading them."""
     form = rng.choice(_OPAQUE_FORMS)
     codes = rng.sample(range(100, 1000), k)
     return [form.format(a=chr(ord("A") + i), n=i + 1, c=codes[i]) for i in range(k)]
