@@ -56,8 +56,10 @@ def test_heldout_labels_never_reach_training(data):
 def test_opaque_intent_choices_mean_what_their_descriptions_say(data):
     """`p_opaque`: the options are codes, each described by its intent, the gold the code whose description is the
     true intent's; the cosine teacher reads the intents, not the codes. At 0 the stream is what it was."""
-    assert [intents.IntentSource(data, "train", seed=0).example(random.Random(s)) for s in range(50)] == \
-        [intents.IntentSource(data, "train", seed=0, p_opaque=0.0).example(random.Random(s)) for s in range(50)]
+    import hashlib
+
+    made = intents.IntentSource(data, "train", seed=0).examples(200, seed=3)   # digest from 9ec57e7's intents.py
+    assert hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16] == "68d550770fad1bc1"
     src = intents.IntentSource(data, "train", seed=0, p_opaque=1.0, p_oos=0.0, p_choice=1.0)
     texts = dict(src.items)
     for s in range(100):
