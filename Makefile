@@ -52,17 +52,19 @@ model-scratch: install
 	$(PAGODA) laya-mini build --from-scratch --force --threads 2 --device $(MODEL_DEVICE) \
 	  --precision $(MODEL_PRECISION) --figures docs/img
 
-# model-finetune remakes the shipped head (round 6, docs/laya-mini-log.md) from its parents in git history: the round-4
-# head of 7a5ae0e (FINETUNE_FROM) assembled on the installed encoder, one `pagoda laya-mini finetune --seeds 6,7,8`
-# stage on it (three runs of 600 steps that train all six encoder layers, the synthetic sources only the top 4, their
-# targets smoothed, the cosine-teacher KL at 10 on real intents, the hand-written training tickets at 0.10 of the
-# batches: R7), averaged into one model, then `pagoda laya-mini soup` of that with round 5 (FINETUNE_SOUP_WITH: the
-# same stage without the training tickets, assembled from its committed head), its temperatures fitted on natural
-# text only (intent decisions and the hand-written calibration tickets, datasets/handwritten_tickets_calib.jsonl).
-# The stage lands in runs/laya-mini-finetuned/ (members under members/), the soup in runs/laya-mini-soup/ and its
-# committable head in runs/laya-mini-head/ (compare with `pagoda laya-mini eval --model runs/laya-mini-soup`; copy
-# that head over laya/training/mini_head/ to ship it). The shipped head is untouched. ~23 min on 2 idle CPU cores of
-# an AMD EPYC Zen 4. The stages that made the parents: `git show 7a5ae0e:Makefile`, `git show a74ad9b:Makefile`.
+# model-finetune remakes the shipped head (round 7, docs/laya-mini-log.md: S25) from its parents in git history: the
+# round-4 head of 7a5ae0e (FINETUNE_FROM) assembled on the installed encoder, one `pagoda laya-mini finetune --seeds
+# 6,7,8` stage on it (three runs of 600 steps that train all six encoder layers, the synthetic sources only the top 4,
+# their targets smoothed, the cosine-teacher KL at 10 on real intents, the hand-written training tickets at 0.10 of the
+# batches, half the intent choices and generated department choices named by code so that only their descriptions
+# carry their meaning: R25), averaged into one model, then `pagoda laya-mini soup` of that with round 5
+# (FINETUNE_SOUP_WITH: the same stage without the training tickets and the coded names, assembled from its committed
+# head), its temperatures fitted on natural text only (intent decisions and the hand-written calibration tickets,
+# datasets/handwritten_tickets_calib.jsonl). The stage lands in runs/laya-mini-finetuned/ (members under members/), the
+# soup in runs/laya-mini-soup/ and its committable head in runs/laya-mini-head/ (compare with `pagoda laya-mini eval
+# --model runs/laya-mini-soup`; copy that head over laya/training/mini_head/ to ship it). The shipped head is
+# untouched. ~34 min on 2 idle CPU cores of an AMD EPYC Zen 4. The stages that made the parents: `git show
+# 7a5ae0e:Makefile`, `git show a74ad9b:Makefile`; round 6's stage is this one without --opaque-options.
 FINETUNE_FROM ?= 7a5ae0e
 FINETUNE_SOUP_WITH ?= a74ad9b
 # FINETUNE_MIX=...: the stage's sources (docs/laya-mini-log.md: R6 = handwritten 0.15, not shipped)
@@ -75,7 +77,7 @@ model-finetune: install
 	$(PAGODA) laya-mini build --head-dir runs/laya-mini-round5-head --out runs/laya-mini-round5 --force
 	$(PAGODA) laya-mini finetune --init runs/laya-mini-prev --out runs/laya-mini-finetuned \
 	  --steps 600 --threads 2 --seeds 6,7,8 --mix $(FINETUNE_MIX) --encoder-layers 6 --kl-weight 10 \
-	  --corpus-layers 4 --label-smoothing 0.1 --calib-sources intents,handwritten
+	  --corpus-layers 4 --label-smoothing 0.1 --calib-sources intents,handwritten --opaque-options 0.5
 	$(PAGODA) laya-mini soup --members runs/laya-mini-round5 runs/laya-mini-finetuned --out runs/laya-mini-soup \
 	  --head-dir runs/laya-mini-head
 

@@ -115,8 +115,8 @@ def soup(cfg: FinetuneConfig, seeds: list[int], progress: bool = True) -> dict[s
 def soup_checkpoints(members: list[Path], out: Path, head_dir: str = "") -> dict[str, Any]:
     """Average finished laya-mini checkpoints into `out` and refit its temperatures (`pagoda laya-mini soup`).
 
-    Why a second way in: the shipped round 6 is the mean of two soups from one parent, round 5's mix and the same
-    recipe with the natural training tickets in the mix (docs/laya-mini-log.md, round 6). Each alone lost something the other
+    Why a second way in: round 6 was the mean of two soups from one parent, round 5's mix and the same recipe
+    with the natural training tickets in the mix (docs/laya-mini-log.md, round 6; round 7 is made the same way). Each alone lost something the other
     kept (acceptance sentence 1; 10 points of department on natural text); both are already trained, so this
     averages checkpoints rather than training members. The temperatures are fitted on the calib rows of the
     members that carry them (a fine-tune writes `calib.jsonl`; an assembled checkpoint has none), pooled."""
