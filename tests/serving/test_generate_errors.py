@@ -83,6 +83,9 @@ def openai_error(r, status: int, param: str | None, code: str | None = None) -> 
 def test_chat_errors_name_the_param(tight, body, param):
     error = openai_error(requests.post(tight.url + "/v1/chat/completions", json=body, timeout=30), 400, param)
     assert error["type"] == "invalid_request_error"
+    # the field is named once, by the name the client sent, not the engine's (SamplingParams.top_p)
+    assert error["message"].startswith(param) and not error["message"].startswith(f"{param}: {param}")
+    assert "SamplingParams" not in error["message"], error["message"]
 
 
 @pytest.mark.parametrize("body,param", COMPLETION_CASES, ids=[p for _, p in COMPLETION_CASES])
@@ -95,6 +98,7 @@ def test_generate_errors_name_the_field(tight, body, field):
     r = requests.post(tight.url + "/generate", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert set(r.json()) == {"error", "request_id"} and r.json()["error"]["field"] == field
+    assert "SamplingParams" not in r.json()["error"]["message"], r.json()["error"]["message"]
 
 
 def test_protocol_errors_in_each_dialect(tight):
