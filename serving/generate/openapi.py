@@ -77,7 +77,9 @@ def openapi(cfg: GenerateConfig) -> dict:
         "ChatCompletionRequest": _request("chat", {
             **{k: v for k, v in sampling.items()}, "messages": {"type": "array", "minItems": 1, "items": message},
             "max_tokens": max_tokens, "max_completion_tokens": max_tokens, "logprobs": boolean,
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}}, CHAT_FIELDS, ["messages"]),
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "tool_choice": {"enum": ["none"], "description": "only \"none\": no tool is ever called"},
+            "store": {"enum": [False], "description": "only false: nothing is stored"}}, CHAT_FIELDS, ["messages"]),
         "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
                            "properties": {"id": string, "object": {"enum": ["chat.completion"]}, "created": integer,
                                           "model": string, "usage": usage, "choices": {"type": "array", "items": {

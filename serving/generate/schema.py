@@ -29,7 +29,7 @@ OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequenc
                    "repetition_penalty", "ignore_eos", "skip_special_tokens")
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
                "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
-               *OPENAI_SAMPLING}
+               "tool_choice", "store", *OPENAI_SAMPLING}
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stop", "stream", "stream_options", "logprobs", "echo",
                      "response_format", "structured_outputs", "stop_token_ids", "user", *OPENAI_SAMPLING}
 GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "logprob_start_len",
@@ -40,7 +40,8 @@ SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_
                    "sampling_seed", "regex", "json_schema", "ebnf"}
 PIN_FIELDS = {"text", "messages", "input_ids"}
 # Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
-HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False}
+HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
+            "tool_choice": "none", "store": False}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
 OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
@@ -227,6 +228,8 @@ def _openai_constraint(f: Fields) -> BodyConstraint | None:
 
 def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     f = Fields(body, CHAT_FIELDS)
+    for name in ("tool_choice", "store"):  # "call no tool", "keep nothing": what this server does anyway
+        f.harmless(name)
     messages = f.raw("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")

@@ -17,6 +17,8 @@ LONG = "the quick brown fox jumps over the lazy dog " * 8  # over the tight serv
 
 CHAT_CASES = [
     ({"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": MSG, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": MSG, "store": True}, "store"),
     ({"messages": MSG, "logit_bias": {"5": 1}}, "logit_bias"),
     ({}, "messages"),
     ({"messages": []}, "messages"),
@@ -86,6 +88,14 @@ def test_chat_errors_name_the_param(tight, body, param):
     # the field is named once, by the name the client sent, not the engine's (SamplingParams.top_p)
     assert error["message"].startswith(param) and not error["message"].startswith(f"{param}: {param}")
     assert "SamplingParams" not in error["message"], error["message"]
+
+
+def test_chat_takes_defaults_that_ask_for_nothing(tight):
+    """Clients that send OpenAI's no-op values explicitly (no tool call, nothing stored) are served."""
+    body = {"messages": MSG, "max_tokens": 2, "tool_choice": "none", "store": False}
+    r = requests.post(tight.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
 @pytest.mark.parametrize("body,param", COMPLETION_CASES, ids=[p for _, p in COMPLETION_CASES])
