@@ -21,7 +21,8 @@ def register(commands: Any, bench: Any) -> None:
     decide = commands.add_parser("decide", help="answer typed questions about a state with a Laya checkpoint")
     decide.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
     decide.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON)")
-    decide.add_argument("--questions", required=True, help="questions JSON file ({name: definition})")
+    decide.add_argument("--questions", required=True,
+                        help="questions JSON ({name: definition}): a file, @FILE, or the JSON itself")
     decide.add_argument("--max-len", type=int, default=None, help="token budget of a row (default: checkpoint's)")
     decide.add_argument("--head-max-len", type=int, default=None, help="token budget of the question part")
     decide.add_argument("--min-confidence", type=float, default=None, help="abstain below this answer_confidence")
@@ -75,7 +76,14 @@ def read_state(arg: str) -> Any:
 
 
 def read_questions(arg: str) -> Any:
-    path = Path(arg)
+    """A file, as ever; `@FILE` too, since `--state` reads files that way; or inline JSON (`{...}`) for a
+    one-off question, so a shell line needs no scratch file."""
+    if arg.lstrip().startswith("{"):
+        try:
+            return json.loads(arg)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--questions: not valid JSON: {exc}") from exc
+    path = Path(arg.removeprefix("@"))
     if not path.is_file():
         raise FileNotFoundError(f"--questions: file not found: {path}")
     try:

@@ -34,6 +34,21 @@ def test_decide_reports_bad_question_and_missing_file(laya_tiny_bert, tmp_path, 
     assert "rl_agent_config.json" in capsys.readouterr().err
 
 
+def test_decide_takes_questions_as_at_file_or_inline_json(laya_tiny_bert, tmp_path, capsys):
+    q = {"churn": {"type": "noul", "instructions": "Does the user threaten to leave?"}}
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(q))
+    outs = []
+    for arg in (str(path), "@" + str(path), json.dumps(q)):
+        assert main(["decide", "--model", laya_tiny_bert, "--state", "refund or we cancel", "--questions", arg]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] == outs[2] and set(outs[0]["answers"]) == {"churn"}
+    assert main(["decide", "--model", laya_tiny_bert, "--state", "hi", "--questions", "{nope"]) == 2
+    assert "--questions: not valid JSON" in capsys.readouterr().err
+    assert main(["decide", "--model", laya_tiny_bert, "--state", "hi", "--questions", "@" + str(tmp_path / "no.json")]) == 2
+    assert "--questions: file not found" in capsys.readouterr().err
+
+
 def test_bench_decide_runs(laya_tiny_bert, capsys):
     assert main(["bench", "decide", "--model", laya_tiny_bert, "--iters", "3", "--reference", "/nonexistent"]) == 0
     out = capsys.readouterr().out
