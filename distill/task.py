@@ -54,6 +54,9 @@ class StudentConfig:
     lr: float = 1e-4
     head_lr: float = 2e-3
     score_weight: float = 1.0   # weight of the expected-value loss on score questions
+    # question -> weight of its whole loss (KL, and the expected-value term of a score), 1 for the questions not
+    # named: where one question matters more, or trails the others (docs/distill.md)
+    question_weights: dict[str, float] = field(default_factory=dict)
     # the teacher's distributions are trained on as softmax(log p / T): below 1 sharpens them towards their argmax
     # (the calibration step still fits the student to the teacher's own distributions: docs/distill.md)
     target_temperature: float = 1.0
@@ -167,6 +170,9 @@ def _check_ranges(t: Task) -> None:
     need(s.kind in KINDS, "student.kind", f"must be one of {list(KINDS)}, got {s.kind!r}")
     need(s.init in INITS, "student.init", f"must be one of {list(INITS)}, got {s.init!r}")
     need(1 <= s.layers <= 6, "student.layers", "must be between 1 and 6 (all-MiniLM-L6-v2 has 6)")
+    bad = {q: w for q, w in s.question_weights.items()
+           if q not in t.questions or type(w) not in (int, float) or not 0 < w <= 100}
+    need(not bad, "student.question_weights", f"must map questions of the task to numbers in (0, 100], got {bad!r}")
     need(type(s.target_temperature) in (int, float) and 0.1 <= s.target_temperature <= 5, "student.target_temperature",
          f"must be a number in [0.1, 5], got {s.target_temperature!r}")
     need(not s.init_layers or (len(s.init_layers) == s.layers and all(type(i) is int for i in s.init_layers)

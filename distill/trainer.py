@@ -25,18 +25,20 @@ from laya.training.trainer import plan_batches
 
 
 def distill_loss(logits: torch.Tensor, heads: list[dict], scores: set[str], targets: dict[str, torch.Tensor],
-                 score_weight: float) -> torch.Tensor:
-    """Σ KL(teacher ‖ student) over heads, plus the expected-level gap for the questions in `scores`."""
+                 score_weight: float, question_weights: dict[str, float] | None = None) -> torch.Tensor:
+    """Σ KL(teacher ‖ student) over heads, plus the expected-level gap for the questions in `scores`, each
+    question's part times its `question_weights` entry (1 if absent)."""
     loss = logits.new_zeros(())
     for h in heads:
         z = logits[:, h["offset"]:h["offset"] + h["size"]]
         t = targets[h["name"]]
         logp = F.log_softmax(z, -1)
-        loss = loss + F.kl_div(logp, t, reduction="batchmean")
+        part = F.kl_div(logp, t, reduction="batchmean")
         if h["name"] in scores:
             levels = torch.arange(h["size"], dtype=z.dtype)
             gap = ((logp.exp() - t) * levels).sum(-1) / (h["size"] - 1)
-            loss = loss + score_weight * (gap ** 2).mean()
+            part = part + score_weight * (gap ** 2).mean()
+        loss = loss + (question_weights or {}).get(h["name"], 1.0) * part
     return loss
 
 
@@ -97,7 +99,7 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
             for batch in plan_batches(lengths, s.batch_size, rng, window_batches=32):
                 x, m = pad([train_ids[i] for i in batch])
                 loss = distill_loss(model(x, m), heads, scores, {k: v[batch] for k, v in tt.items()},
-                                    s.score_weight)
+                                    s.score_weight, s.question_weights)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

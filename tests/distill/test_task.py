@@ -50,6 +50,10 @@ def _with(path: str, value):
     ("student.target_temperature", 0, "task.student.target_temperature"),
     ("student.target_temperature", True, "task.student.target_temperature"),
     ("student.target_temperature", 9, "task.student.target_temperature"),
+    ("student.question_weights", {"sentiment": 2}, "task.student.question_weights"),
+    ("student.question_weights", {"churn": 0}, "task.student.question_weights"),
+    ("student.question_weights", {"churn": "2"}, "task.student.question_weights"),
+    ("student.question_weights", [2], "task.student.question_weights"),
 ])
 def test_errors_name_the_field(path, value, needle):
     with pytest.raises(ValueError, match=needle.replace(".", r"\.").replace("(", r"\(")):
@@ -81,6 +85,23 @@ def test_target_temperature_sharpens_each_row_towards_its_answer():
     assert (s["urgency"].argmax(1) == t["urgency"].argmax(1)).all() and (s["urgency"].max(1) > t["urgency"].max(1)).all()
     np.testing.assert_allclose(s["churn"], [[1.0, 0.0]], atol=1e-12)
     assert parse_task(_with("student.target_temperature", 0.5)).student.target_temperature == 0.5
+
+
+def test_question_weights_scale_that_questions_part_of_the_loss():
+    """A weight w on one question adds (w - 1) x its own loss and leaves the others' parts as they were."""
+    import torch
+
+    from distill.trainer import distill_loss
+
+    heads = [{"name": "department", "offset": 0, "size": 2}, {"name": "urgency", "offset": 2, "size": 3}]
+    logits = torch.tensor([[0.3, -0.2, 1.0, 0.1, -1.0], [0.0, 0.5, -0.3, 0.2, 0.9]])
+    targets = {"department": torch.tensor([[0.7, 0.3], [0.4, 0.6]]),
+               "urgency": torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]])}
+    base = distill_loss(logits, heads, {"urgency"}, targets, 1.0)
+    only_u = distill_loss(logits, heads[1:], {"urgency"}, targets, 1.0)
+    assert torch.equal(distill_loss(logits, heads, {"urgency"}, targets, 1.0, {}), base)
+    assert torch.allclose(distill_loss(logits, heads, {"urgency"}, targets, 1.0, {"urgency": 3.0}), base + 2 * only_u)
+    assert parse_task(_with("student.question_weights", {"urgency": 2})).student.question_weights == {"urgency": 2}
 
 
 def test_unknown_top_level_field_and_missing_questions():
