@@ -32,6 +32,14 @@ class InvalidParam(ValueError):
         super().__init__(message)
         self.field = field
 
+    @property
+    def reason(self) -> str:
+        """The message without the path it opens with (every message reads `path: reason`, the path ending in
+        `field`), for a server that puts its own name for the field there: `temperature: must be ...`, not
+        `temperature: SamplingParams.temperature: must be ...`."""
+        head, sep, rest = str(self).partition(": ")
+        return rest if sep and (head == self.field or head.endswith("." + self.field)) else str(self)
+
 
 def _require(ok: bool, where: str, name: str, message: str) -> None:
     if not ok:

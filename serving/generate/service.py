@@ -40,14 +40,6 @@ def body_field(req: Request, field: str, default: str | None = None) -> str:
     return req.names.get(field, default or field)
 
 
-def engine_detail(exc: InvalidParam) -> str:
-    """The engine's message without the engine's own path in front (`SamplingParams.temperature: `,
-    `messages[0].content[0]: `): `bad` puts the body field there, and a client should read it once, by the
-    name it sent."""
-    head, sep, rest = str(exc).partition(": ")
-    return rest if sep and (head == exc.field or head.endswith("." + exc.field)) else str(exc)
-
-
 def build_engine(cfg: GenerateConfig, model: str | None) -> Any:
     """The engine the generation settings describe: the one place a served engine is built, so the one a
     preloading master builds before the fork and the one a worker builds cannot differ."""
@@ -230,7 +222,7 @@ class Service:
                 prompt = engine.apply_chat_template(prompt, add_generation_prompt=generation_prompt)
             ids = engine.encode(prompt)
         except InvalidParam as exc:
-            raise bad(exc.field if exc.field.startswith("messages") else where, engine_detail(exc)) from None
+            raise bad(exc.field if exc.field.startswith("messages") else where, exc.reason) from None
         if len(ids) > self.max_prompt_tokens:
             raise bad(where, f"{len(ids)} tokens, at most {self.max_prompt_tokens} (--generate-max-prompt-tokens)")
         return ids
@@ -244,7 +236,7 @@ class Service:
         try:
             return SamplingParams(**kw)
         except InvalidParam as exc:
-            raise bad(body_field(req, exc.field), engine_detail(exc)) from None
+            raise bad(body_field(req, exc.field), exc.reason) from None
 
     def start(self, req: Request, t0: float,
               scoring: Callable[[list[list[int]]], list[int] | None] | None = None) -> Run:
@@ -281,7 +273,7 @@ class Service:
             if exc.field == "pin" and any(pins):  # a pin released since we looked: go without it
                 full = [self._pins_tokens(p) + ids if p else ids for p, ids in zip(pins, prompts)]
                 return self._submit(loop, full, params, [None] * len(full), deadline, req)
-            raise bad(body_field(req, exc.field, req.where[0]), engine_detail(exc)) from None
+            raise bad(body_field(req, exc.field, req.where[0]), exc.reason) from None
 
     # ---- pins -------------------------------------------------------------------------------------------
 
