@@ -48,9 +48,11 @@ def classify(exc: BaseException) -> Failure:
         return Failure("reset", "closed the connection without an answer")
     if isinstance(cause, ConnectionError):
         return Failure("reset", f"connection broke ({type(cause).__name__})")
+    if isinstance(cause, u3.InvalidChunkLength):  # before IncompleteRead, its base class: a bad chunk, not a short one
+        return Failure("invalid_response", f"invalid answer: {cause}")
     if isinstance(cause, http.client.IncompleteRead) or "ended prematurely" in str(exc):
         return Failure("reset", "the answer ended before its end")
-    if isinstance(cause, http.client.HTTPException | u3.InvalidChunkLength | u3.DecodeError | u3.HeaderParsingError):
+    if isinstance(cause, http.client.HTTPException | u3.DecodeError | u3.HeaderParsingError):
         return Failure("invalid_response", f"invalid answer: {cause}")
     if isinstance(exc, OSError):
         return Failure("reset", f"connection broke ({type(exc).__name__}: {exc})")

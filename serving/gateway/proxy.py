@@ -89,7 +89,7 @@ def exchange(upstream: Upstream, method: str, path: str, body: bytes, headers: d
     headers_out = response_headers(resp) + list(extra_headers.items())
     if resp.headers.get("Content-Length") is not None and not resp.chunked:
         try:
-            data = resp.read(decode_content=False)
+            data = _read_by(resp, sent + upstream.cfg.upstream_timeout_s)
         except (HTTPError, OSError) as exc:
             failure = classify(exc)
             series.error(failure.kind)
@@ -106,6 +106,24 @@ def exchange(upstream: Upstream, method: str, path: str, body: bytes, headers: d
     events = resp.headers.get("Content-Type", "").startswith("text/event-stream")
     relay = Relay(upstream, resp, sent, error_event if events else None)
     return Response(relay, status=resp.status, headers=headers_out)
+
+
+def _read_by(resp: HTTPResponse, deadline: float) -> bytes:
+    """A whole body by `deadline` (monotonic). urllib3's read timeout bounds each wait for the next byte, not
+    the answer: an upstream trickling a byte a second would hold the request without end. So each read may wait
+    only for what is left of the deadline."""
+    parts = []
+    sock = getattr(resp.connection, "sock", None)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the whole answer did not arrive within --upstream-timeout-s")
+        if sock is not None:
+            sock.settimeout(left)
+        chunk = resp.read1(READ_SIZE, decode_content=False)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
 
 
 class Relay:

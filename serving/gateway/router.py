@@ -158,7 +158,7 @@ class Router:
         except (ApiError, InputError) as exc:
             log.warning("request %s: no routing decision (%s); default route", request_id, exc)
             return Route(rules.default, "decision_failed", time.monotonic() - started)
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started if answers else None  # no question had its input: none ran
         for rule in rules.policy.rules:
             if rule.node.evaluate(answers) is True:
                 return Route(rule.name, "rule", elapsed)

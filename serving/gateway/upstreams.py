@@ -111,8 +111,11 @@ class Upstream:
 
     def refresh_models(self) -> list[dict]:
         entries = self.models()
-        if entries:
-            self.model_ids = tuple(e["id"] for e in entries)
+        # What a generation request may name here: a pagoda upstream also lists its decision model (kind laya
+        # or student), which its chat route would answer with 404; other servers' entries carry no kind.
+        generating = tuple(e["id"] for e in entries if e.get("kind", "generation") == "generation")
+        if generating:
+            self.model_ids = generating
         return entries
 
     def status(self) -> dict:

@@ -254,6 +254,21 @@ def test_a_request_may_name_its_group_and_gets_that_upstreams_model(client):
     assert raw.parse().model == "frontier-llama"  # `model` became the upstream's own id
 
 
+def test_a_group_named_on_a_server_that_also_decides_gets_its_generation_model(tmp_path, gen):
+    """`pagoda serve` with decisions lists its Laya model in /v1/models beside the generation one: naming a
+    group must put the generation model's id in the body, not the first listed."""
+    gw = Proc(tmp_path / "both.log", "gateway", ["--upstream", f"a={gen.url}", "--upstream",
+                                                 f"b={gen.url.replace('127.0.0.1', 'localhost')}",
+                                                 "--no-access-log"])
+    try:
+        gw.running()
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        raw = client.chat.completions.with_raw_response.create(model="b", messages=CHAT, max_tokens=2)
+        assert raw.headers["x-pagoda-route"] == "b" and raw.parse().model == "tiny-llama"
+    finally:
+        gw.stop()
+
+
 # ---- failures -----------------------------------------------------------------------------------------
 
 def test_an_upstream_killed_mid_stream_ends_it_with_an_error_event(gateway, victim, edge):
@@ -320,9 +335,21 @@ WHOLE_EVENT = (b'data: {"id":"c","object":"text_completion","created":1,"model":
                b'"text":"hi","logprobs":null,"finish_reason":null}]}\n\n')
 
 
+def trickle(conn: socket.socket) -> None:
+    """A whole answer with a length, a byte every 0.2 s: each read gets a byte in time, the answer never does."""
+    try:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n")
+        for _ in range(40):
+            conn.sendall(b" ")
+            time.sleep(0.2)
+    except OSError:
+        pass  # the gateway gave up and closed
+
+
 def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
     """Upstreams that misbehave at the socket level: not HTTP, closing without an answer, a body short of its
-    length, a stream that breaks in the middle of an event."""
+    length, a stream that breaks in the middle of an event, a stream with a chunk that is not one, an answer
+    that trickles in past the upstream timeout."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -332,7 +359,10 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
                "health": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
                # one whole event, then half of the next, then the connection closes
                "broken": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT) + b"9\r\ndata: {\"i\r\n"}
+                         + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT) + b"9\r\ndata: {\"i\r\n",
+               "badchunk": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                           b"\r\nZZZ\r\nhello\r\n",
+               "trickle": trickle}
     stop = threading.Event()
 
     def serve() -> None:
@@ -348,11 +378,13 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
                         re.search(rb"Content-Length: (\d+)", data, re.I).group(1)):
                     data += conn.recv(65536)
                 kind = "health" if data.startswith(b"GET") else json.loads(data.split(b"\r\n\r\n", 1)[1])["prompt"]
-                conn.sendall(replies[kind])
+                reply = replies[kind]
+                reply(conn) if callable(reply) else conn.sendall(reply)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    gw = Proc(tmp_path / "odd.log", "gateway", ["--upstream", f"odd=http://127.0.0.1:{port}", "--no-access-log"])
+    gw = Proc(tmp_path / "odd.log", "gateway", ["--upstream", f"odd=http://127.0.0.1:{port}", "--no-access-log",
+                                                "--upstream-timeout-s", "2"])
     try:
         gw.running()
         for prompt, code in (("garbage", "upstream_invalid_response"), ("close", "upstream_reset"),
@@ -367,6 +399,13 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
         events = [e for e in r.content.split(b"\n\n") if e]
         assert events[0] + b"\n\n" == WHOLE_EVENT and events[-1] == b"data: [DONE]" and len(events) == 3
         assert json.loads(events[1][len(b"data: "):])["error"]["code"] == "upstream_reset"  # the half event: gone
+        r = requests.post(gw.url + "/v1/completions", json={"prompt": "badchunk", "stream": True}, timeout=30)
+        events = [e for e in r.content.split(b"\n\n") if e]
+        assert json.loads(events[0][len(b"data: "):])["error"]["code"] == "upstream_invalid_response", events
+        started = time.monotonic()
+        r = requests.post(gw.url + "/v1/completions", json={"prompt": "trickle"}, timeout=30)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout", r.text
+        assert time.monotonic() - started < 4  # the whole answer's limit (2 s), not each byte's
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=30)
         stream = client.completions.create(model="m", prompt="broken", stream=True)
         assert next(stream).choices[0].text == "hi"
@@ -426,6 +465,9 @@ def test_rules_over_laya_answers_route_each_request_and_say_so(tmp_path, edge, f
         assert metric(gw, "pagoda_gateway_routes_total", group="edge", reason="explicit") == 1
         assert metric(gw, "pagoda_gateway_decision_seconds_count") == metric(gw, "pagoda_decisions_total") == 6
         assert requests.get(gw.url + "/ready", timeout=5).json()["routing_model"] == "bert-tiny"
+        r = requests.post(gw.url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.headers["X-Pagoda-Route-Reason"] == "default"
+        assert "X-Pagoda-Decision-Ms" not in r.headers  # token ids have no text: no question was asked
     finally:
         gw.stop()
 
