@@ -106,8 +106,15 @@ class Agent:
         return self.question_cache.get(q, compute)
 
     def prepare(self, state: Any, questions: Any, *, max_len: int | None = None, head_max_len: int | None = None,
-                min_confidence: Any = None, option_order: dict[str, Any] | None = None) -> Prepared:
-        """Validate and tokenise one request; every bad input raises `InputError` here, before any compute."""
+                min_confidence: Any = None, option_order: dict[str, Any] | None = None,
+                lang: str | None = None) -> Prepared:
+        """Validate and tokenise one request; every bad input raises `InputError` here, before any compute.
+
+        `lang` picks per-language temperatures in the official runtime, which only a `lang_temperatures`
+        given at load has; no checkpoint carries them and `load` takes none here, so, as there, it changes
+        nothing (it is taken so that calls written for that runtime run unchanged)."""
+        if lang is not None and not isinstance(lang, str):
+            raise InputError(f"lang: must be a language code string, got {type(lang).__name__}", field="lang")
         check_state(state)
         parsed = parse_questions(questions, option_order)
         budgets = self.budgets(max_len, head_max_len)
@@ -137,18 +144,32 @@ class Agent:
         prepared = self.prepare(state, questions, **kwargs)
         return self.finish(prepared, self.forward(prepared.rows) if prepared.rows else [])
 
+    def _prepare_nth(self, i: int, state: Any, questions: Any, kwargs: dict[str, Any]) -> Prepared:
+        """`prepare`, with a state's own mistake named `states[i]`: in a batch, `state` would not say which."""
+        try:
+            return self.prepare(state, questions, **kwargs)
+        except InputError as exc:
+            if exc.field != "state" or exc.question is not None:
+                raise
+            message = str(exc)
+            raise InputError(f"states[{i}]{message.removeprefix('state')}" if message.startswith("state") else
+                             f"states[{i}]: {message}", field=f"states[{i}]") from None
+
     def predict_batch(self, states: list[Any], questions: Any, *, batch_size: int = 32,
                       sort_by_length: bool = True, **kwargs: Any) -> list[dict[str, Any]]:
         """Many states against the same questions; results equal `predict` on each state, bit for bit.
 
-        `batch_size` bounds states per forward; `sort_by_length` groups states of similar length so
+        `batch_size` bounds states per forward (0: all in one, as the official runtime reads it); a state's own
+        mistake names it `states[i]`; `sort_by_length` groups states of similar length so
         chunks carry less padding (it cannot change results: see `forward`).
         """
-        if not isinstance(states, list):
+        if not isinstance(states, list | tuple):
             raise InputError(f"states: expected a list of states, got {type(states).__name__}", field="states")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size: must be a positive integer, got {batch_size!r}", field="batch_size")
-        prepared = [self.prepare(s, questions, **kwargs) for s in states]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise InputError(f"batch_size: must be an integer >= 0 (0: all states in one pass), got {batch_size!r}",
+                             field="batch_size")
+        batch_size = batch_size or max(len(states), 1)
+        prepared = [self._prepare_nth(i, s, questions, kwargs) for i, s in enumerate(states)]
         order = list(range(len(prepared)))
         if sort_by_length:
             order.sort(key=lambda i: max((r.n_tokens for r in prepared[i].rows), default=0))

@@ -20,7 +20,8 @@ from laya.precision import PRECISION_ENV, PRECISIONS
 def register(commands: Any, bench: Any) -> None:
     decide = commands.add_parser("decide", help="answer typed questions about a state with a Laya checkpoint")
     decide.add_argument("--model", default=None, help="checkpoint folder (default: the embedded laya-mini)")
-    decide.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON)")
+    decide.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON); "
+                        "@@text for text that starts with @")
     decide.add_argument("--questions", required=True,
                         help="questions JSON ({name: definition}): a file, @FILE, or the JSON itself")
     decide.add_argument("--max-len", type=int, default=None, help="token budget of a row (default: checkpoint's)")
@@ -64,32 +65,41 @@ def register(commands: Any, bench: Any) -> None:
     _register_mini(commands)
 
 
-def read_state(arg: str) -> Any:
-    """`@FILE` reads a file (JSON when it ends in .json, else text without its final newline)."""
-    if not arg.startswith("@"):
-        return arg
-    path = Path(arg[1:])
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply to read") from None
+
+
+def _file_text(path: Path, flag: str) -> str:
     if not path.is_file():
-        raise FileNotFoundError(f"--state: file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    return json.loads(text) if path.suffix == ".json" else text.removesuffix("\n")
+        raise FileNotFoundError(f"{flag}: file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{flag}: {path} is not UTF-8 text ({exc})") from None
+
+
+def read_state(arg: str) -> Any:
+    """`@FILE` reads a file (JSON when it ends in .json, else text without its final newline); `@@...` is the
+    text `@...` itself."""
+    if arg.startswith("@@") or not arg.startswith("@"):
+        return arg.removeprefix("@") if arg.startswith("@@") else arg
+    path = Path(arg[1:])
+    text = _file_text(path, "--state")
+    return _json(text, f"--state: {path}") if path.suffix == ".json" else text.removesuffix("\n")
 
 
 def read_questions(arg: str) -> Any:
-    """A file, as ever; `@FILE` too, since `--state` reads files that way; or inline JSON (`{...}`) for a
-    one-off question, so a shell line needs no scratch file."""
-    if arg.lstrip().startswith("{"):
-        try:
-            return json.loads(arg)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--questions: not valid JSON: {exc}") from exc
+    """A file, as ever; `@FILE` too, since `--state` reads files that way; or inline JSON (`{...}`, or `[...]`,
+    which the questions' check then names) for a one-off question, so a shell line needs no scratch file."""
     path = Path(arg.removeprefix("@"))
-    if not path.is_file():
-        raise FileNotFoundError(f"--questions: file not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--questions: {path} is not valid JSON: {exc}") from exc
+    if arg.lstrip().startswith(("{", "[")) and not path.is_file():
+        return _json(arg, "--questions")
+    return _json(_file_text(path, "--questions"), f"--questions: {path}")
 
 
 def _decide(args: argparse.Namespace) -> int:

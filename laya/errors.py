@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # Fields that belong to the request (its budgets) rather than to one question's definition, even when
 # the error is about a particular question (e.g. a question whose markers do not fit `max_len`).
-REQUEST_FIELDS = frozenset({"state", "states", "questions", "max_len", "head_max_len", "min_confidence",
+REQUEST_FIELDS = frozenset({"state", "states", "questions", "max_len", "head_max_len", "min_confidence", "lang",
                             "option_order", "batch_size"})
 
 

@@ -34,8 +34,7 @@ def answers_digest(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     config = os.path.join(path, CONFIG_FILE)
     if os.path.isfile(config):
-        with open(config, encoding="utf-8") as f:
-            answers_from = {k: v for k, v in json.load(f).items() if k != "laya_mini"}
+        answers_from = {k: v for k, v in read_json(config).items() if k != "laya_mini"}
         h.update(json.dumps(answers_from, sort_keys=True).encode())
     weights = os.path.join(path, WEIGHTS_FILE)
     if os.path.isfile(weights):
@@ -51,15 +50,22 @@ def require(path: str, name: str) -> str:
     return full
 
 
+def read_json(path: str) -> Any:
+    """A checkpoint's JSON file; a damaged one is a `ValueError` naming it (json's message names no file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+
+
 def read_parts(path: str) -> tuple[LayaConfig, dict[str, Any], LayaTokenizer, str]:
     """(config, encoder config as JSON, tokenizer, weights file) of a checkpoint folder, every file checked."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint folder not found: {path}")
-    with open(require(path, CONFIG_FILE), encoding="utf-8") as f:
-        config = LayaConfig.from_dict(json.load(f))
+    config = LayaConfig.from_dict(read_json(require(path, CONFIG_FILE)))
     weights_path = require(path, WEIGHTS_FILE)
-    with open(require(path, ENCODER_CONFIG), encoding="utf-8") as f:
-        encoder_config = json.load(f)
+    encoder_config = read_json(require(path, ENCODER_CONFIG))
     tokenizer = LayaTokenizer.from_dir(os.path.join(path, "tokenizer"))
     return config, encoder_config, tokenizer, weights_path
 

@@ -110,7 +110,8 @@ def _instructions(name: str, qdef: dict) -> str:
         raise _fail(name, "instructions", "missing; give the text the model should answer")
     ins = qdef["instructions"]
     if isinstance(ins, bool) or not isinstance(ins, (str, dict, list, int, float)):
-        raise _fail(name, "instructions", f"must be a string, got {type(ins).__name__}")
+        raise _fail(name, "instructions", f"must be a string (or a number, list or object, written as JSON), "
+                                          f"got {type(ins).__name__}")
     if isinstance(ins, str):
         if not ins.strip():
             raise _fail(name, "instructions", "must not be empty")

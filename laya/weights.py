@@ -25,8 +25,15 @@ class SafeTensors:
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
         with open(self.path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
             size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
+            if not 0 < size <= file_size - 8:
+                raise ValueError(f"{self.path}: not a safetensors file (its header size {size} does not fit in "
+                                 f"its {file_size} bytes)")
+            try:
+                header = json.loads(f.read(size))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{self.path}: not a safetensors file (its header is not JSON: {exc})") from None
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         header.pop("__metadata__", None)
         self._base = 8 + size
@@ -34,6 +41,10 @@ class SafeTensors:
         for name, e in header.items():
             if e["dtype"] not in _DTYPES:
                 raise ValueError(f"{self.path}: tensor {name} has dtype {e['dtype']}, which laya does not read")
+            # a cut or damaged file: refuse it here, naming it, not when onnxruntime or numpy reads past its end
+            if self._base + e["data_offsets"][1] > file_size:
+                raise ValueError(f"{self.path}: tensor {name} ends at byte {self._base + e['data_offsets'][1]}, past "
+                                 f"the file's {file_size} bytes (a truncated or damaged file)")
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries

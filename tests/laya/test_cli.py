@@ -49,6 +49,41 @@ def test_decide_takes_questions_as_at_file_or_inline_json(laya_tiny_bert, tmp_pa
     assert "--questions: file not found" in capsys.readouterr().err
 
 
+def test_decide_names_the_argument_and_file_it_could_not_read(laya_tiny_bert, tmp_path, capsys):
+    """Broken JSON, JSON nested past Python's recursion limit, bytes that are not UTF-8: one line naming the
+    flag and the file, exit 2, never a traceback."""
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"churn": {"type": "noul", "instructions": "Does the user threaten to leave?"}}))
+    files = {"broken.json": b'{"a": ', "deep.json": b"[" * 100_000 + b"]" * 100_000, "latin.txt": b"\xff\xfe caf\xe9"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        for flag, args in (("--state", ["--state", f"@{tmp_path / name}", "--questions", str(q)]),
+                           ("--questions", ["--state", "hi", "--questions", str(tmp_path / name)])):
+            assert main(["decide", "--model", laya_tiny_bert, *args]) == 2, (name, flag)
+            err = capsys.readouterr().err
+            assert err.startswith(f"pagoda decide: error: {flag}: {tmp_path / name}") and "Traceback" not in err, err
+    assert main(["decide", "--model", laya_tiny_bert, "--state", "@@home", "--questions", str(q)]) == 0
+    assert json.loads(capsys.readouterr().out)["usage"]["state_tokens"] > 0  # the text "@home", not a file
+
+
+def test_decide_names_a_damaged_checkpoint_file(laya_tiny_bert, tmp_path, capsys):
+    import shutil
+
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"churn": {"type": "noul", "instructions": "Does the user threaten to leave?"}}))
+    broken = tmp_path / "ck"
+    shutil.copytree(laya_tiny_bert, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main(["decide", "--model", str(broken), "--state", "hi", "--questions", str(q)]) == 2
+    assert "model.safetensors" in (err := capsys.readouterr().err) and "truncated" in err, err
+    shutil.rmtree(broken)
+    shutil.copytree(laya_tiny_bert, broken)
+    (broken / "rl_agent_config.json").write_text('{"max_len": 512,')
+    assert main(["decide", "--model", str(broken), "--state", "hi", "--questions", str(q)]) == 2
+    assert "rl_agent_config.json: not valid JSON" in capsys.readouterr().err
+
+
 def test_bench_decide_runs(laya_tiny_bert, capsys):
     assert main(["bench", "decide", "--model", laya_tiny_bert, "--iters", "3", "--reference", "/nonexistent"]) == 0
     out = capsys.readouterr().out
