@@ -144,7 +144,9 @@ class SamplingParams:
     settings. `prompt_logprobs=k` also scores the prompt: one record per prompt token from index
     `prompt_logprobs_start` on (None for index 0, which has no context); those positions are computed
     even when cached. `max_new_tokens=0` computes the prompt's KV (leaving it in the prefix cache) and
-    samples nothing. `skip_special_tokens=False` keeps special tokens in the text. `cache_salt` keeps
+    samples nothing. `skip_special_tokens=False` keeps special tokens in the text. `trim_stop_token` leaves
+    the token that stopped the output (EOS or one of `stop_token_ids`) out of its text, as SGLang does; by
+    default a stop token that decodes to text keeps it there, as vLLM does. `cache_salt` keeps
     tenants apart: a prefix cached under one salt never serves another salt. `logits_processors` edit
     this request's logits before sampling (see `generation.logits_processor`); each request gets its
     own `fork()` of every processor. `constraint` makes the output follow a JSON schema, any JSON object, a
@@ -168,6 +170,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    trim_stop_token: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     prompt_logprobs_start: int = 0
@@ -185,7 +188,7 @@ class SamplingParams:
                  "temperature", f"must be 0 (greedy) or a number in [{low:g}, {high:g}], got {self.temperature!r}")
         _require(_int(self.top_k) and self.top_k >= 0, w, "top_k", "must be an int >= 0 (0 disables)")
         _require(_real(self.top_p) and 0 < self.top_p <= 1, w, "top_p", "must be a number in (0, 1]")
-        _require(_real(self.min_p) and 0 <= self.min_p < 1, w, "min_p", "must be a number in [0, 1)")
+        _require(_real(self.min_p) and 0 <= self.min_p <= 1, w, "min_p", "must be a number in [0, 1]")
         _require(_real(self.repetition_penalty) and self.repetition_penalty > 0, w, "repetition_penalty",
                  "must be a number > 0")
         _require(_real(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, w, "frequency_penalty",
@@ -210,6 +213,7 @@ class SamplingParams:
         _require(self.seed is None or (_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]), w, "seed",
                  f"must be None or an int in [-2**63, 2**63 - 1], got {self.seed!r}")
         _require(isinstance(self.skip_special_tokens, bool), w, "skip_special_tokens", "must be a bool")
+        _require(isinstance(self.trim_stop_token, bool), w, "trim_stop_token", "must be a bool")
         _require(self.cache_salt is None or isinstance(self.cache_salt, str), w, "cache_salt", "must be a string or None")
         _require(isinstance(self.logits_processors, list | tuple)
                  and all(isinstance(p, LogitsProcessor) for p in self.logits_processors), w, "logits_processors",

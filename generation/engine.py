@@ -30,6 +30,16 @@ Prompt = str | list[int]
 ABORT_REASONS = ("abort", "deadline", "error")
 
 
+def generator_seed(seed: int) -> int:
+    """The 32 bits a request's 64-bit seed becomes. torch's CPU generator (mt19937) keeps only a seed's low 32
+    bits, so seeds 2**32 apart would sample alike; mixing all 64 (splitmix64's finaliser) first leaves no such
+    pattern, only the chance collisions any 32-bit seed space has."""
+    x = seed % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) >> 32
+
+
 @dataclass
 class TokenEvent:
     """One sampled token; `text` is the new printable text (held back while it may be part of a stop string)."""
@@ -129,7 +139,16 @@ class Engine:
         if total >= self.max_model_len:
             raise InvalidParam(f"prompt: {total} tokens, limit is EngineConfig.max_model_len - 1 = "
                                f"{self.max_model_len - 1}", "prompt")
+        self.check_params(params)
         return ids, self._constraint_processor(params)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What a request's settings must satisfy for this model, whatever its prompt: a server checks each
+        prompt's settings with it, so the error names that prompt's field."""
+        unknown = [t for t in params.stop_token_ids if t >= self.model_config.vocab_size]
+        if unknown:  # it could never be sampled: a stop that never fires is a caller's mistake, said at once
+            raise InvalidParam(f"SamplingParams.stop_token_ids: {unknown[:5]} outside the vocabulary (size "
+                               f"{self.model_config.vocab_size})", "stop_token_ids")
 
     def _constraint_processor(self, params: SamplingParams) -> GrammarProcessor | None:
         if params.constraint is None:
@@ -175,7 +194,7 @@ class Engine:
         params = seq.params
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
-            seq.generator = torch.Generator(device=self.runner.device).manual_seed(seed)
+            seq.generator = torch.Generator(device=self.runner.device).manual_seed(generator_seed(seed))
         if seq.pin is not None:
             seq.pin.users += 1
         self._requests[seq.request_id] = seq
@@ -269,6 +288,8 @@ class Engine:
         seq.text = self.tokenizer.decode(seq.output_ids, p.skip_special_tokens)
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             seq.matched_stop = tok
+            if p.trim_stop_token:
+                seq.text = self.tokenizer.decode(seq.output_ids[:-1], p.skip_special_tokens)
             return "stop"
         if p.stop:
             # a stop string may straddle token boundaries: search the tail that the new token could complete

@@ -114,6 +114,15 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
         return {"object": "list", "data": [m for part in parts for m in part["data"]],
                 **merged({k: v for k, v in part.items() if k != "data"} for part in parts)}
 
+    @app.get("/v1/models/<path:model>")
+    def model(model: str) -> dict:
+        """OpenAI's retrieve (`client.models.retrieve`): one entry of the list; a path, as ids may hold '/'."""
+        for entry in models()["data"]:
+            if entry["id"] == model:
+                return entry
+        raise ApiError(404, f"no model {model!r} is served here (GET /v1/models lists them)", "model_not_found",
+                       "model")
+
     @app.get("/stats")
     def stats() -> dict:
         return merged([metrics.summary(), *(api.stats() for api in apis)])

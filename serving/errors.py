@@ -178,13 +178,24 @@ def error_body(message: str, type_: str, field: str | None, request_id: str | No
     return {"error": {"message": message, "type": type_, "field": field}, "request_id": request_id}
 
 
+def in_dialect(body: dict, path: str | None, dialects: Mapping[str, Dialect]) -> dict:
+    """`body` as the API owning `path` words its errors: the handlers below and the HTTP front (which refuses
+    an oversized body or header block before Flask sees the request) both answer through it."""
+    for prefix, dialect in dialects.items():
+        if path is not None and path.startswith(prefix):
+            body = dialect(body)
+    return body
+
+
+DIALECTS_KEY = "pagoda.error_dialects"  # app.extensions: the front finds the dialects there
+
+
 def install(app: Flask, max_body_bytes: int, dialects: Mapping[str, Dialect]) -> None:
+    app.extensions[DIALECTS_KEY] = dict(dialects)
+
     def respond(status: int, message: str, type_: str, field: str | None = None,
                 headers: dict | None = None) -> tuple[dict, int, dict]:
-        body = error_body(message, type_, field, g.get("request_id"))
-        for prefix, dialect in dialects.items():
-            if request.path.startswith(prefix):
-                body = dialect(body)
+        body = in_dialect(error_body(message, type_, field, g.get("request_id")), request.path, dialects)
         return body, status, headers or {}
 
     @app.errorhandler(InputError)

@@ -45,12 +45,13 @@ from gunicorn.workers.base import Worker
 
 from serving.access_log import access_log
 from serving.config import FrontSettings, ServeConfig
-from serving.errors import error_body
+from serving.errors import DIALECTS_KEY, error_body, in_dialect
 from serving.ready_board import ReadyBoard
 
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
 log = logging.getLogger("pagoda.serve")
 _READ_CHUNK = 64 * 1024
+_REQUEST_LINE_BYTES = 8192  # what a refusal reads its path from (the request line; longer ones go undialected)
 _LINGER_S = 2.0  # after an error answer, how long unread request bytes are drained so the answer is not reset
 
 
@@ -221,6 +222,7 @@ class Refused(Exception):
     def __init__(self, status: int, message: str, type_: str):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_
+        self.path: str | None = None  # the request's path where it was read: its API's dialect words the error
 
 
 class FrontWorker(Worker):
@@ -285,6 +287,7 @@ class Front:
 
     def __init__(self, app, limits: Limits, threads: int, loop: asyncio.AbstractEventLoop, multiprocess: bool):
         self.app, self.limits, self.loop = app, limits, loop
+        self.dialects = getattr(app, "extensions", {}).get(DIALECTS_KEY, {})
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pagoda-request")
         self.multiprocess = multiprocess
         self.idle: dict[asyncio.StreamWriter, None] = {}   # waiting for a request to begin (evictable), oldest first
@@ -347,7 +350,17 @@ class Front:
 
     async def _read_request(self, conn: h11.Connection, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> tuple[h11.Request, bytes] | None:
-        """The next whole request (head, body), or None when the client closed or stayed idle too long."""
+        """The next whole request (head, body), or None when the client closed or stayed idle too long.
+        A refusal carries the request's path, from its parsed head or else its first line's bytes."""
+        start = bytearray()
+        try:
+            return await self._read_whole(conn, reader, writer, start)
+        except Refused as refused:
+            refused.path = _request_path(bytes(start))
+            raise
+
+    async def _read_whole(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          start: bytearray) -> tuple[h11.Request, bytes] | None:
         lim = self.limits
         head: h11.Request | None = None
         body = bytearray()
@@ -377,6 +390,8 @@ class Front:
                     if deadline is None:
                         deadline = time.monotonic() + lim.header_timeout_s
                     data = await self._read_until(reader, deadline, head is None)
+                if head is None and len(start) < _REQUEST_LINE_BYTES:
+                    start += data[:_REQUEST_LINE_BYTES - len(start)]
                 conn.receive_data(data)
             elif isinstance(event, h11.Request):
                 head = event
@@ -538,7 +553,8 @@ class Front:
         if conn is not None and conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return  # a response already started: nothing can be said any more
         request_id = uuid.uuid4().hex
-        body = json.dumps(error_body(refused.message, refused.type, None, request_id), separators=(",", ":")).encode()
+        body = in_dialect(error_body(refused.message, refused.type, None, request_id), refused.path, self.dialects)
+        body = json.dumps(body, separators=(",", ":")).encode()
         reason = HTTPStatus(refused.status).phrase if refused.status in HTTPStatus._value2member_map_ else "Error"
         lines = [f"HTTP/1.1 {refused.status} {reason}", "Content-Type: application/json",
                  f"Content-Length: {len(body)}", "Connection: close", f"X-Request-ID: {request_id}",
@@ -559,6 +575,15 @@ class Front:
             pass
         finally:
             writer.close()
+
+
+def _request_path(start: bytes) -> str | None:
+    """The path of a request line ("POST /v1/chat/completions?x HTTP/1.1"), None if it has not all arrived."""
+    line, sep, _ = start.partition(b"\r\n")
+    parts = line.split(b" ")
+    if not sep or len(parts) != 3 or not parts[1].startswith(b"/"):
+        return None
+    return parts[1].split(b"?", 1)[0].decode("latin-1")
 
 
 def _close(response: Any) -> None:

@@ -70,7 +70,8 @@ class DecideApi:
     def models(self) -> dict:
         backend = self.service.backend
         data = [] if backend is None else [{
-            "id": backend.name, "object": "model", "owned_by": "pagoda", "kind": backend.kind,
+            "id": backend.name, "object": "model", "created": self.service.created, "owned_by": "pagoda",
+            "kind": backend.kind,
             "questions": sorted(backend.default_questions) if backend.default_questions else None,
             "answers_digest": backend.answers_digest,
         }]

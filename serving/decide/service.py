@@ -34,6 +34,7 @@ class Service:
         self.batcher: Batcher | None = None
         self.error: str | None = None
         self.loaded = threading.Event()
+        self.created = int(time.time())  # `/v1/models`' `created`: when this process took the model up
 
     def attach(self, backend: Any) -> None:
         cfg = self.cfg
@@ -41,6 +42,7 @@ class Service:
                              cfg.batching)
         self.batcher = Batcher(backend.run, limits, self.metrics)
         self.backend = backend
+        self.created = int(time.time())
         self.metrics.ready.set(1)
         self.loaded.set()
 

@@ -10,6 +10,7 @@ outside a stream it fails the request (504/500/503); inside one it becomes an er
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import Iterator
@@ -74,16 +75,21 @@ def chat_logprob(service: Service, rec: dict) -> dict:
 
 
 def legacy_logprobs(service: Service, scored: list[tuple[int, dict | None]], offset: int) -> dict:
-    """Completions' logprobs: parallel lists; `text_offset` is where each token starts in the choice's text."""
+    """Completions' logprobs: parallel lists; `text_offset` is where each token starts in the choice's text.
+
+    A token may hold part of a character: its `tokens` entry then shows U+FFFD, but the offsets count the
+    characters the tokens' bytes decode to so far (an incomplete character counts once it completes), which is
+    where a stream, whose text deltas hold such bytes back, puts them too."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for token_id, rec in scored:
-        text = _token(service, token_id)[0]
+        text, raw = _token(service, token_id)
         out["tokens"].append(text)
         out["token_logprobs"].append(None if rec is None else rec["logprob"])
         out["top_logprobs"].append(None if rec is None or "top" not in rec else
                                    {_token(service, t)[0]: lp for t, lp in rec["top"]})
         out["text_offset"].append(offset)
-        offset += len(text)
+        offset += len(decoder.decode(bytes(raw)))
     return out
 
 

@@ -5,7 +5,8 @@ must be, counts and sizes under the server's caps (`GenerateConfig`). A field th
 (`tools`, `logit_bias`, `suffix`, ...) is a 400 naming it, never silently dropped; the same field sent as
 `null` asks for nothing and passes. What a value *means* (`top_p` in (0, 1], a token id inside the
 vocabulary) is the engine's to check, once: the service builds `SamplingParams` and maps the engine's
-`InvalidParam.field` back to the body field through `Request.names`.
+`InvalidParam.field` back to the body field through `Request.names` (per prompt: SGLang's `sampling_params` may
+be a list).
 
 Every error is `ApiError(400, ..., "invalid_request", field)`; on `/v1/*` the OpenAI dialect turns
 `field` into `param`.
@@ -13,6 +14,7 @@ Every error is `ApiError(400, ..., "invalid_request", field)`; on `/v1/*` the Op
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,7 @@ PIN_FIELDS = {"text", "messages", "input_ids"}
 HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
             "tool_choice": "none", "store": False}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
+SGLANG_GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: a temperature in [0, it) samples greedily
 OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
 
@@ -70,13 +73,13 @@ class BodyConstraint:
 class Request:
     """One generation request, whichever route it came in on. `prompts` are strings, token-id lists or
     (chat) message lists; `where[i]` is the body field prompt i came from. `sampling[i]` holds prompt
-    i's `SamplingParams` arguments, `names` the body field of each of them."""
+    i's `SamplingParams` arguments, `names[i]` the body field of each of them."""
 
     route: str
     prompts: list[Any]
     where: list[str]
     sampling: list[dict[str, Any]]
-    names: dict[str, str]
+    names: list[dict[str, str]]
     n: int = 1
     stream: bool = False
     batch: bool = False  # the body gave a list of prompts: answer a list
@@ -89,7 +92,9 @@ class Request:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    max_new_tokens_field: str = "max_tokens"
+    # per prompt, the body field that set its output budget; None: the server's default, which a long prompt
+    # shrinks to what the context leaves (a budget the client set is refused instead: `Service.fit_context`)
+    max_tokens_set: list[str | None] = dataclasses.field(default_factory=list)
 
 
 class Fields:
@@ -160,10 +165,12 @@ class Fields:
             raise bad(self.where(name), f"only {HARMLESS[name]!r} is supported")
 
 
-def parse_max_tokens(f: Fields, names: tuple[str, ...], default: int, cfg: GenerateConfig, low: int) -> tuple[int, str]:
+def parse_max_tokens(f: Fields, names: tuple[str, ...], default: int, cfg: GenerateConfig,
+                     low: int) -> tuple[int, str | None]:
+    """(the budget, the field that set it: None for the default)."""
     given = next((n for n in names if f.has(n)), None)
     if given is None:
-        return min(default, cfg.max_new_tokens), names[0]
+        return min(default, cfg.max_new_tokens), None
     value = f.integer(given, low=low)
     if value > cfg.max_new_tokens:
         raise bad(f.where(given), f"at most {cfg.max_new_tokens} (--generate-max-new-tokens), got {value}")
@@ -235,8 +242,9 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
         raise bad("messages", "must be a non-empty list of messages")
     turns = [_message(m, i) for i, m in enumerate(messages)]
     kw, names, n = _openai_sampling(f, cfg)
-    kw["max_new_tokens"], names["max_new_tokens"] = parse_max_tokens(
+    kw["max_new_tokens"], given = parse_max_tokens(
         f, ("max_completion_tokens", "max_tokens"), cfg.max_new_tokens, cfg, low=1)
+    names["max_new_tokens"] = given or "max_tokens"
     logprobs = None
     if f.boolean("logprobs"):
         logprobs = f.integer("top_logprobs", 0, low=0, high=20)
@@ -246,20 +254,26 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     model = f.raw("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")
-    return Request("chat", [turns], ["messages"], [kw], names, n=n, stream=f.boolean("stream"), model=model,
+    return Request("chat", [turns], ["messages"], [kw], [names], n=n, stream=f.boolean("stream"), model=model,
                    constraint=_openai_constraint(f), logprobs=logprobs, include_usage=_stream_options(f),
-                   max_new_tokens_field=names["max_new_tokens"])
+                   max_tokens_set=[given])
 
 
 def _message(message: Any, i: int) -> dict[str, Any]:
-    f = Fields(message, {"role", "content"}, f"messages[{i}].", "a message")
+    f = Fields(message, {"role", "content", "name"}, f"messages[{i}].", "a message")
     role = f.raw("role")
     if not isinstance(role, str) or role not in ROLES:  # a dict or list is unhashable: test the type first
         raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
     content = f.raw("content")
     if content is None:
         raise bad(f"messages[{i}].content", "is required")
-    return {"role": ROLES[role], "content": content}  # text parts are the tokenizer's to check
+    out = {"role": ROLES[role], "content": content}  # text parts are the tokenizer's to check
+    name = f.raw("name")
+    if name is not None:  # OpenAI's participant name: the chat template may show it (SmolLM2's does not)
+        if not isinstance(name, str):
+            raise bad(f"messages[{i}].name", f"must be a string, got {type(name).__name__}")
+        out["name"] = name
+    return out
 
 
 def completion_request(body: Any, cfg: GenerateConfig) -> Request:
@@ -268,8 +282,9 @@ def completion_request(body: Any, cfg: GenerateConfig) -> Request:
         raise bad("prompt", "is required: a string, a list of strings, token ids or lists of token ids")
     prompts, where, batch = _prompt_list(f.raw("prompt"), "prompt", cfg)
     kw, names, n = _openai_sampling(f, cfg)
-    kw["max_new_tokens"], names["max_new_tokens"] = parse_max_tokens(
+    kw["max_new_tokens"], given = parse_max_tokens(
         f, ("max_tokens",), OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS, cfg, low=0)
+    names["max_new_tokens"] = "max_tokens"
     logprobs = f.integer("logprobs", low=0, high=20)
     echo = f.boolean("echo")
     if echo and logprobs is not None and f.boolean("stream"):
@@ -280,23 +295,28 @@ def completion_request(body: Any, cfg: GenerateConfig) -> Request:
     model = f.raw("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")
-    return Request("completions", prompts, where, [kw] * len(prompts), names, n=n, stream=f.boolean("stream"),
+    return Request("completions", prompts, where, [kw] * len(prompts), [names] * len(prompts), n=n, stream=f.boolean("stream"),
                    batch=batch, model=model, constraint=_openai_constraint(f), logprobs=logprobs, echo=echo,
-                   include_usage=_stream_options(f), max_new_tokens_field=names["max_new_tokens"])
+                   include_usage=_stream_options(f), max_tokens_set=[given] * len(prompts))
 
 
-def _prompt_list(value: Any, name: str, cfg: GenerateConfig) -> tuple[list[Any], list[str], bool]:
-    """A string or token ids (one prompt), or a list of strings or of token-id lists (a batch)."""
+def _prompt_list(value: Any, name: str, cfg: GenerateConfig, ids_only: bool = False) -> tuple[list[Any], list[str], bool]:
+    """A string or token ids (one prompt), or a list of strings or of token-id lists (a batch); `ids_only`
+    (SGLang's `input_ids`) takes no text."""
     def ids(v: Any) -> bool:
         return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
-    if isinstance(value, str) or (ids(value) and value):
+    def text(v: Any) -> bool:
+        return isinstance(v, str) and not ids_only
+
+    if text(value) or (ids(value) and value):
         return [value], [name], False
-    if isinstance(value, list) and value and all(isinstance(v, str) or (ids(v) and v) for v in value):
+    if isinstance(value, list) and value and all(text(v) or (ids(v) and v) for v in value):
         if len(value) > cfg.max_prompts:
             raise bad(name, f"at most {cfg.max_prompts} prompts (--generate-max-prompts), got {len(value)}")
         return list(value), [f"{name}[{i}]" for i in range(len(value))], True
-    raise bad(name, "must be a string, a list of strings, token ids or a list of token-id lists (none empty)")
+    raise bad(name, "must be token ids or a list of token-id lists (none empty)" if ids_only else
+              "must be a string, a list of strings, token ids or a list of token-id lists (none empty)")
 
 
 def generate_request(body: Any, cfg: GenerateConfig) -> Request:
@@ -310,13 +330,13 @@ def generate_request(body: Any, cfg: GenerateConfig) -> Request:
             raise bad("text", "must be a string or a non-empty list of strings")
         prompts, where, batch = _prompt_list(text, "text", cfg)
     else:
-        prompts, where, batch = _prompt_list(f.raw("input_ids"), "input_ids", cfg)
+        prompts, where, batch = _prompt_list(f.raw("input_ids"), "input_ids", cfg, ids_only=True)
     raw = f.raw("sampling_params", {})
     per = raw if isinstance(raw, list) else [raw] * len(prompts)
     if isinstance(raw, list) and len(raw) != len(prompts):
         raise bad("sampling_params", f"a list needs one entry per prompt ({len(prompts)}), got {len(raw)}")
-    parsed = [_sglang_sampling(sp, "sampling_params" + (f"[{i}]." if isinstance(raw, list) else "."), cfg)
-              for i, sp in enumerate(per)]
+    prefixes = ["sampling_params" + (f"[{i}]." if isinstance(raw, list) else ".") for i in range(len(per))]
+    parsed = [_sglang_sampling(sp, prefix, cfg) for sp, prefix in zip(per, prefixes)]
     ns = {p[2] for p in parsed}
     if len(ns) != 1:
         raise bad("sampling_params", "n must be the same for every prompt")
@@ -330,31 +350,35 @@ def generate_request(body: Any, cfg: GenerateConfig) -> Request:
     top = f.integer("top_logprobs_num", 0, low=0, high=20)
     start = f.integer("logprob_start_len", -1, low=-1)
     return_logprob = f.boolean("return_logprob")
-    names = {k: f"sampling_params.{v}" for k, v in parsed[0][1].items()}
+    names = [{k: prefix + v for k, v in p[1].items()} for p, prefix in zip(parsed, prefixes)]
     sampling = [p[0] for p in parsed]
     if return_logprob:
-        for kw in sampling:
+        for kw, named in zip(sampling, names):
             kw["logprobs"] = top
-        names["logprobs"] = "top_logprobs_num"
+            named["logprobs"] = "top_logprobs_num"
     return Request("generate", prompts, where, sampling, names, n=ns.pop(), stream=f.boolean("stream"),
                    batch=batch, constraint=constraints[0] if constraints else None, return_logprob=return_logprob,
                    logprob_start_len=start, top_logprobs_num=top,
                    return_text_in_logprobs=f.boolean("return_text_in_logprobs"),
-                   max_new_tokens_field="sampling_params.max_new_tokens")
+                   max_tokens_set=[prefix + "max_new_tokens" if isinstance(sp, dict) and sp.get("max_new_tokens")
+                                   is not None else None for sp, prefix in zip(per, prefixes)])
 
 
 def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, dict, int, BodyConstraint | None]:
     f = Fields(raw, SGLANG_SAMPLING, prefix, "sampling_params")
     for name in ("min_new_tokens", "stop_regex", "spaces_between_special_tokens", "no_stop_trim"):
         f.harmless(name)
-    kw: dict[str, Any] = {"temperature": f.number("temperature", 1.0)}  # SGLang's default is sampling
+    # SGLang's default is sampling; it reads a temperature under 1e-6 as greedy
+    temperature = f.number("temperature", 1.0)
+    kw: dict[str, Any] = {"temperature": 0.0 if 0 <= temperature < SGLANG_GREEDY_BELOW else temperature,
+                          "trim_stop_token": True}  # SGLang drops a stop token's text (`no_stop_trim` false)
     names = {"temperature": "temperature", "max_new_tokens": "max_new_tokens", "seed": "sampling_seed"}
     for name in ("top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
         if f.has(name):
             kw[name], names[name] = f.number(name), name
     if f.has("top_k"):
-        top_k = f.integer("top_k")
-        kw["top_k"], names["top_k"] = (0 if top_k == -1 else top_k), "top_k"  # SGLang disables with -1
+        top_k = f.integer("top_k", low=-1)  # SGLang disables with -1 (and we with 0)
+        kw["top_k"], names["top_k"] = (0 if top_k == -1 else top_k), "top_k"
     if f.has("sampling_seed"):
         kw["seed"] = f.integer("sampling_seed")
     for name in ("ignore_eos", "skip_special_tokens"):
@@ -365,7 +389,7 @@ def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, 
     default = min(SGLANG_DEFAULT_MAX_NEW_TOKENS, cfg.max_new_tokens)
     kw["max_new_tokens"] = f.integer("max_new_tokens", default, low=0, high=cfg.max_new_tokens)
     n = f.integer("n", 1, low=1, high=cfg.max_n)
-    given = [k for k in ("regex", "json_schema", "ebnf") if f.has(k)]
+    given = [k for k in ("regex", "json_schema", "ebnf") if f.has(k) and f.raw(k) != ""]  # "": none, as SGLang
     if len(given) > 1:
         raise bad(prefix + given[1], f"give one constraint, not {' and '.join(given)}")
     constraint = None

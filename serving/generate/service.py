@@ -29,7 +29,7 @@ log = logging.getLogger("pagoda.serve")
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
 
 
-def body_field(req: Request, field: str, default: str | None = None) -> str:
+def body_field(req: Request, field: str, default: str | None = None, prompt: int = 0) -> str:
     """The body field behind an engine `InvalidParam.field`. A constraint's own path continues the body
     field it came from: `constraint.json_schema.properties.tags` of a `response_format` schema is
     `response_format.json_schema.schema.properties.tags`."""
@@ -37,7 +37,7 @@ def body_field(req: Request, field: str, default: str | None = None) -> str:
     if c is not None and (field == "constraint" or field.startswith("constraint.")):
         rest = field.removeprefix("constraint.")
         return c.field + rest[len(c.kind):] if rest.startswith((c.kind + ".", c.kind + "[")) else c.field
-    return req.names.get(field, default or field)
+    return req.names[prompt].get(field, default or field)
 
 
 def build_engine(cfg: GenerateConfig, model: str | None) -> Any:
@@ -223,9 +223,27 @@ class Service:
             ids = engine.encode(prompt)
         except InvalidParam as exc:
             raise bad(exc.field if exc.field.startswith("messages") else where, exc.reason) from None
+        if not ids:
+            raise bad(where, "empty (give at least one token)")
         if len(ids) > self.max_prompt_tokens:
-            raise bad(where, f"{len(ids)} tokens, at most {self.max_prompt_tokens} (--generate-max-prompt-tokens)")
+            flag = ("--generate-max-prompt-tokens" if self.max_prompt_tokens == self.cfg.max_prompt_tokens else
+                    "--generate-max-model-len, less the one token an answer needs")
+            raise bad(where, f"{len(ids)} tokens, at most {self.max_prompt_tokens} ({flag})")
         return ids
+
+    def fit_context(self, req: Request, i: int, n_prompt: int, params: SamplingParams) -> SamplingParams:
+        """Prompt i's output budget inside the context. One the client set that does not fit is refused, as
+        OpenAI, vLLM and SGLang refuse it (a silently shorter answer would read as a complete one); the
+        server's default shrinks to what the context leaves."""
+        room = self.engine.max_model_len - n_prompt
+        if params.max_new_tokens <= room:
+            return params
+        given = req.max_tokens_set[i] if i < len(req.max_tokens_set) else None
+        if given is not None:
+            raise bad(given, f"{n_prompt} prompt tokens + {params.max_new_tokens} new ones is over the model's "
+                             f"context of {self.engine.max_model_len} tokens (--generate-max-model-len): ask for "
+                             f"at most {room}")
+        return dataclasses.replace(params, max_new_tokens=room)
 
     def params(self, req: Request, i: int) -> SamplingParams:
         """Prompt i's SamplingParams. A constraint rides in `SamplingParams.constraint`, as in-process: the
@@ -234,9 +252,11 @@ class Service:
         if req.constraint is not None:
             kw["constraint"] = req.constraint.params
         try:
-            return SamplingParams(**kw)
+            params = SamplingParams(**kw)
+            self.engine.check_params(params)
         except InvalidParam as exc:
-            raise bad(body_field(req, exc.field), exc.reason) from None
+            raise bad(body_field(req, exc.field, prompt=i), exc.reason) from None
+        return params
 
     def start(self, req: Request, t0: float,
               scoring: Callable[[list[list[int]]], list[int] | None] | None = None) -> Run:
@@ -248,7 +268,7 @@ class Service:
         prompt_logprobs_from = scoring(prompt_ids) if scoring else None
         prompts, params, pins = [], [], []
         for i, ids in enumerate(prompt_ids):
-            base = self.params(req, i)
+            base = self.fit_context(req, i, len(ids), self.params(req, i))
             if prompt_logprobs_from is not None:
                 base = dataclasses.replace(base, prompt_logprobs=req.top_logprobs_num,
                                            prompt_logprobs_start=prompt_logprobs_from[i])

@@ -113,6 +113,8 @@ def generate_stream(run: Run, service: Service, request_id: str) -> Iterator[str
         with closing(run.events()) as events:
             for b, ev in events:
                 if isinstance(ev, TokenEvent):
+                    if ev.finish_reason is not None:
+                        continue  # the last token: the answer that follows at once says it, with the finish
                     texts[b] += ev.text
                     ids[b].append(ev.token_id)
                     if ev.logprob is not None:

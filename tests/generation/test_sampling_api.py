@@ -65,6 +65,13 @@ def test_stop_token_ids_max_new_tokens_and_eos(engine, tiny_llama):
     finally:
         engine.eos_ids.discard(full.token_ids[1])
     assert stopped.finish_reason == "stop" and stopped.token_ids == full.token_ids[:2]
+    cut = len(out.token_ids) - 1
+    assert out.text == engine.tokenizer.decode(full.token_ids[:cut + 1])  # vLLM's way: the stop token's text stays
+    trimmed = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8, stop_token_ids=[full.token_ids[2]],
+                                                        ignore_eos=True, trim_stop_token=True))[0]
+    assert trimmed.token_ids == out.token_ids and trimmed.text == engine.tokenizer.decode(full.token_ids[:cut])
+    with pytest.raises(ValueError, match="stop_token_ids: .* outside the vocabulary"):
+        engine.generate([5, 6, 7], SamplingParams(stop_token_ids=[engine.model_config.vocab_size]))
 
 
 def test_logprobs_of_chosen_and_top_tokens(engine):
@@ -190,7 +197,7 @@ def test_a_device_torch_cannot_use_is_refused_with_the_config(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(top_p=0), "top_p"), (dict(temperature=-1), "temperature"), (dict(max_new_tokens=-1), "max_new_tokens"),
-    (dict(logprobs=50), "logprobs"), (dict(stop=[""]), "stop"), (dict(min_p=1.0), "min_p"),
+    (dict(logprobs=50), "logprobs"), (dict(stop=[""]), "stop"), (dict(min_p=1.5), "min_p"),
 ])
 def test_sampling_params_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
@@ -409,3 +416,11 @@ def test_the_sampler_edits_only_the_rows_of_processors():
     assert out.tokens[0] == int(before[0].argmax()) and out.tokens[1] % 2 == 1
     assert out.records[1]["logprob"] == float(torch.log_softmax(before[1], -1)[out.tokens[1]])
     assert out.tokens[3] is None and out.errors == {3: "logits processors masked every token"}
+
+
+def test_seeds_2_to_the_32_apart_sample_differently(engine):
+    """torch's CPU generator keeps a seed's low 32 bits; the engine mixes all 64 in first."""
+    kw = dict(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+    texts = [engine.generate("numbers 0 1 2", SamplingParams(**kw, seed=s))[0].token_ids
+             for s in (1, 1 + 2**32, -1, 2**63 - 1)]
+    assert texts[0] != texts[1] and texts[2] != texts[3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,18 @@ def heavy_questions(n: int = 40) -> dict:
     (seconds on 2 shared cores, a fair fraction of one on an idle machine)."""
     return {f"q{i}": {"type": "noul", "instructions": f"Does the message mention item number {i}?"}
             for i in range(n)}
+
+
+def routes_served_and_documented(app) -> tuple[set, set]:
+    """(path, method) pairs the Flask app serves, in OpenAPI's spelling (`<model>` as `{model}`), and those its
+    `/openapi.json` documents (a path item's `parameters` is not a method)."""
+    served = {(re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
+              for rule in app.url_map.iter_rules() if rule.endpoint != "static"
+              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    doc = app.test_client().get("/openapi.json").get_json()
+    documented = {(path, method) for path, item in doc["paths"].items() for method in item
+                  if method in {"get", "post", "put", "delete", "patch"}}
+    return served, documented
 
 
 def free_port() -> int:

@@ -4,6 +4,7 @@ routes), limits answer 503/504 as documented, and the server stays up through al
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -26,7 +27,8 @@ CHAT_CASES = [
     ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0]"),
-    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
+    ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name"),
+    ({"messages": MSG, "stop_token_ids": [10**9]}, "stop_token_ids"),
     ({"messages": MSG, "top_p": 0}, "top_p"),
     ({"messages": MSG, "temperature": "hot"}, "temperature"),
     ({"messages": MSG, "presence_penalty": 3}, "presence_penalty"),
@@ -65,6 +67,7 @@ GENERATE_CASES = [
     ({"text": "a", "sampling_params": {"max_new_tokens": 8001}}, "sampling_params.max_new_tokens"),
     ({"text": "a", "sampling_params": {"stop_regex": ["x+"]}}, "sampling_params.stop_regex"),
     ({"text": "a", "sampling_params": {"frobnicate": 1}}, "sampling_params.frobnicate"),
+    ({"text": "a", "sampling_params": {"stop_token_ids": [10**9]}}, "sampling_params.stop_token_ids"),
     ({"text": "a", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
     ({"text": "a", "image_data": "x"}, "image_data"),
     ({"text": LONG}, "text"),
@@ -91,8 +94,10 @@ def test_chat_errors_name_the_param(tight, body, param):
 
 
 def test_chat_takes_defaults_that_ask_for_nothing(tight):
-    """Clients that send OpenAI's no-op values explicitly (no tool call, nothing stored) are served."""
-    body = {"messages": MSG, "max_tokens": 2, "tool_choice": "none", "store": False}
+    """Clients that send OpenAI's no-op values explicitly (no tool call, nothing stored) are served, and so is
+    a participant's `name`."""
+    body = {"messages": [{"role": "user", "content": "hello", "name": "bob"}], "max_tokens": 2,
+            "tool_choice": "none", "store": False}
     r = requests.post(tight.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
@@ -182,3 +187,35 @@ def test_the_server_stays_up(tight):
     assert requests.get(tight.url + "/health", timeout=10).status_code == 200
     r = requests.post(tight.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_a_long_prompt_names_the_flag_that_limits_it(tight, gen):
+    r = requests.post(tight.url + "/v1/completions", json={"prompt": LONG}, timeout=30)
+    assert "(--generate-max-prompt-tokens)" in openai_error(r, 400, "prompt")["message"]
+    r = requests.post(gen.url + "/v1/completions", json={"prompt": [5] * 1024}, timeout=30)  # 1,024 positions
+    message = openai_error(r, 400, "prompt")["message"]
+    assert "at most 1023" in message and "--generate-max-model-len" in message, message
+
+
+def raw_answer(server, request: bytes) -> tuple[int, dict]:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_the_http_fronts_refusals_on_v1_are_in_openais_shape_too(tight):
+    """An oversized body or header block is refused before the app sees the request; on /v1/* it still answers
+    in the shape an OpenAI client parses, and elsewhere in the server's own."""
+    big_body = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 5242880\r\n\r\n{")
+    big_head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+    for request, status, code in ((big_body, 413, "payload_too_large"), (big_head, 431, "headers_too_large")):
+        got, body = raw_answer(tight, request)
+        assert got == status and set(body) == {"error"}, body
+        assert body["error"]["code"] == code and body["error"]["param"] is None and body["error"]["message"]
+    got, body = raw_answer(tight, big_body.replace(b"/v1/chat/completions", b"/generate"))
+    assert got == 413 and body["error"]["type"] == "payload_too_large" and "request_id" in body

@@ -46,6 +46,16 @@ def test_stop_reports_what_matched(gen, gen_engine):
     first = free.token_ids.index(free.token_ids[2])
     assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": free.token_ids[2]}
     assert r["output_ids"] == free.token_ids[:first + 1]
+    # SGLang leaves the matched token's text out (`no_stop_trim` false); the OpenAI routes keep it, as vLLM does
+    before = gen_engine.tokenizer.decode(free.token_ids[:first])
+    assert r["text"] == before != gen_engine.tokenizer.decode(free.token_ids[:first + 1])
+    streamed = [json.loads(line[len("data: "):]) for line in post(gen, {"input_ids": ids, "stream": True, "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0, "stop_token_ids": [free.token_ids[2]]}}).iter_lines(decode_unicode=True)
+        if line and line != "data: [DONE]"]
+    assert streamed[-1]["text"] == before
+    kept = requests.post(gen.url + "/v1/completions", json={"prompt": ids, "max_tokens": 10, "temperature": 0,
+                                                            "stop_token_ids": [free.token_ids[2]]}, timeout=60)
+    assert kept.json()["choices"][0]["text"] == gen_engine.tokenizer.decode(free.token_ids[:first + 1])
 
 
 def test_stream_sends_the_text_so_far(gen):
@@ -64,6 +74,32 @@ def test_stream_sends_the_text_so_far(gen):
     assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert len(chunks) == 8 and [len(c["output_ids"]) for c in chunks] == list(range(1, 9))  # one per token, as SGLang
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"input_ids": "hello"}, "input_ids"),
+    ({"input_ids": [[1, 2], "x"]}, "input_ids"),
+    ({"text": ["Hi", "Yo", ""]}, "text[2]"),
+    ({"text": ["Hi", "Yo"], "sampling_params": [{"max_new_tokens": 1}, {"top_p": 5}]}, "sampling_params[1].top_p"),
+    ({"text": ["Hi", "Yo"], "sampling_params": [{}, {"stop_token_ids": [10**9]}]},
+     "sampling_params[1].stop_token_ids"),
+    ({"text": "Hi", "sampling_params": {"top_k": -2}}, "sampling_params.top_k"),
+])
+def test_errors_name_the_prompt_they_are_about(gen, body, field):
+    r = post(gen, body)
+    assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
+
+
+def test_sampling_values_sglang_takes(gen):
+    """What SGLang's SamplingParams accepts: a temperature under 1e-6 is greedy, min_p up to 1, an empty
+    regex or json_schema is no constraint."""
+    greedy = post(gen, {"text": "the quick", "sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                                                 "ignore_eos": True}}).json()["text"]
+    for extra in ({"temperature": 1e-7}, {"temperature": 0.7, "min_p": 1.0}, {"temperature": 0, "regex": ""},
+                  {"temperature": 0, "json_schema": ""}):
+        r = post(gen, {"text": "the quick", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True, **extra}})
+        assert r.status_code == 200 and r.json()["text"] == greedy, (extra, r.text)
 
 
 def test_max_new_tokens_zero_caches_the_prefix(gen):

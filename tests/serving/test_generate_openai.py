@@ -157,3 +157,46 @@ def test_seeded_sampling_is_reproducible_and_seeds_matter(client):
               extra_body={"ignore_eos": True})
     texts = [client.completions.create(**kw, seed=s).choices[0].text for s in (5, 5, 6)]
     assert texts[0] == texts[1] and texts[0] != texts[2]
+
+
+def test_text_offsets_count_characters_when_tokens_split_them(client):
+    """A byte-level token may hold part of a character: its offset must not count the U+FFFD it shows as a
+    character of the text, or every later offset points past the text."""
+    prompt = "é😀 ok"
+    lp = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=0, echo=True,
+                                   logprobs=1).choices[0].logprobs
+    assert len(lp.tokens) > len(prompt)  # the two non-ASCII characters came as several byte tokens
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    assert lp.text_offset[-1] == len(prompt) - len(lp.tokens[-1])  # the last token is ASCII and ends the text
+
+
+def test_one_model_is_retrieved_by_id(client):
+    model = client.models.retrieve("tiny-llama")
+    assert model.id == "tiny-llama" and model.object == "model" and isinstance(model.created, int)
+    assert isinstance(client.models.retrieve("bert-tiny").created, int)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4")
+    assert err.value.body["param"] == "model" and err.value.body["code"] == "model_not_found"
+
+
+def test_a_budget_past_the_context_is_refused_and_a_default_one_shrinks(gen):
+    """1,024 positions: 700 prompt tokens leave room for 324 (the chat's 350 "x " take 700 and its template a few
+    more). A budget the client set past that is refused
+    naming its field (OpenAI, vLLM and SGLang refuse it too); the server's default shrinks to fit."""
+    prompt = [5] * 700
+    for path, body, field in (("/v1/completions", {"prompt": prompt, "max_tokens": 325}, "max_tokens"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 350}],
+                                                        "max_completion_tokens": 500}, "max_completion_tokens"),
+                              ("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 325}},
+                               "sampling_params.max_new_tokens")):
+        r = requests.post(gen.url + path, json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error.get("param", error.get("field")) == field and "1024" in error["message"], error
+    r = requests.post(gen.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 324, "temperature": 0,
+                                                         "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 324
+    r = requests.post(gen.url + "/generate", json={"input_ids": [5] * 900, "sampling_params": {
+        "temperature": 0, "ignore_eos": True}}, timeout=120)  # SGLang's default budget, 128, past the 124 left
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 124

@@ -10,7 +10,7 @@ import threading
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from serving_support import BILLING_STATE, REPO
+from serving_support import BILLING_STATE, REPO, routes_served_and_documented
 from test_openapi import check
 
 from serving.config import ServeConfig
@@ -116,12 +116,8 @@ def test_served_routes_are_all_documented():
 
     cfg = ServeConfig.from_sources({"generate_only": True}, env={})
     api = GenerateApi(cfg.generate, "unused-path")
-    app = create_app(cfg, apis=[api])
-    served = {(rule.rule.replace("<pin_id>", "{pin_id}"), m.lower()) for rule in app.url_map.iter_rules()
-              if rule.endpoint != "static" for m in rule.methods - {"HEAD", "OPTIONS"}}
-    doc = app.test_client().get("/openapi.json").get_json()
-    methods = {"get", "post", "put", "delete", "patch"}  # a path item also holds e.g. its `parameters`
-    assert served == {(path, m) for path, item in doc["paths"].items() for m in item if m in methods}
+    served, documented = routes_served_and_documented(create_app(cfg, apis=[api]))
+    assert served == documented
 
 
 def test_generation_flags_and_variables():

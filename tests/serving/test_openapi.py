@@ -4,7 +4,7 @@ running server validate against its schemas (a small JSON-schema subset checker 
 from __future__ import annotations
 
 import requests
-from serving_support import BILLING_STATE
+from serving_support import BILLING_STATE, routes_served_and_documented
 
 from serving.app import create_app
 from serving.config import ServeConfig
@@ -57,10 +57,7 @@ def check(value, schema: dict, doc: dict, where: str = "$") -> None:
 def test_documents_exactly_the_served_routes(agent):
     cfg = ServeConfig()
     app = create_app(cfg, apis=[DecideApi(cfg.decide, cfg.request_timeout_s, backend=LayaBackend(agent, "tiny"))])
-    served = {(rule.rule, method.lower()) for rule in app.url_map.iter_rules() if rule.endpoint != "static"
-              for method in rule.methods - {"HEAD", "OPTIONS"}}
-    doc = app.test_client().get("/openapi.json").get_json()
-    documented = {(path, method) for path, item in doc["paths"].items() for method in item}
+    served, documented = routes_served_and_documented(app)
     assert served == documented
 
 
