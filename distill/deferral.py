@@ -90,6 +90,7 @@ def parse_below(value: Any, questions: Iterable[str], field: str = "defer_below"
                 raise InputError(f"{field}: {name}: expected a number, got {number!r}", field=field) from None
         value = pairs
     if isinstance(value, dict):
+        value = {k.strip() if isinstance(k, str) else k: v for k, v in value.items()}
         unknown = sorted(set(value) - set(names))
         if unknown:
             raise InputError(f"{field}: {unknown} not among the student's questions {sorted(names)}", field=field)
@@ -138,5 +139,9 @@ def apply_deferral(deferral: Deferral, states: list[Any], results: list[dict[str
         for i, teacher in zip(idx, answered):
             for n in names:
                 results[i]["answers"][n] = {**teacher["answers"][n], "answered_by": "teacher"}
-            results[i]["usage"].update(deferred_questions=list(names),
-                                       teacher_input_tokens=teacher["usage"].get("input_tokens", 0))
+            usage = results[i]["usage"]
+            # a deferred answer was cut where the teacher's own reading was cut, not where the student's was
+            cut = set(teacher["usage"].get("truncated_questions", []))
+            usage["truncated_questions"] = [n for n in usage.get("truncated_questions", [])
+                                            if n not in names or n in cut]
+            usage.update(deferred_questions=list(names), teacher_input_tokens=teacher["usage"].get("input_tokens", 0))

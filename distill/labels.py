@@ -88,7 +88,8 @@ def _check_meta(label_dir: Path, task: Task, corpus, teacher_id: str) -> None:
     meta = {"task": task.fingerprint(), "rows": len(corpus), "chunk_rows": task.labels.chunk_rows,
             "teacher": teacher_id, "data": _data_fingerprint(corpus, task)}
     path = label_dir / "meta.json"
-    if path.exists():
+    # a meta.json beside no chunk (a run that failed before its first) holds nothing to mix: rewrite it
+    if path.exists() and any(label_dir.glob("chunk-*.parquet")):
         old = json.loads(path.read_text())
         if old != meta:
             diff = sorted(k for k in meta if old.get(k) != meta[k])

@@ -172,8 +172,11 @@ def other_data(run, path: Path, variants: dict[str, tuple[Path, str | None]]) ->
     from laya.answers import probabilities_from_answer
     from laya.rows import state_text
 
-    task = dataclasses.replace(run.task, gold={**run.task.gold, **run.eval_gold})
-    ds = load_corpus(path, task)
+    ds = load_corpus(path, dataclasses.replace(run.task, gold={}))
+    # the task's gold where the file has its column (a file of bare texts is measured against the teacher
+    # only), and the --eval-gold columns, which `Run` checked every eval file has
+    gold_columns = {q: c for q, c in run.task.gold.items() if c in ds.column_names} | run.eval_gold
+    task = dataclasses.replace(run.task, gold=gold_columns)
     texts = [state_text(x) for x in ds[task.text_field]]
     gold = gold_indices(ds, task)
 
@@ -258,7 +261,8 @@ def render(task, report: dict, pngs: list[str], run) -> str:
                 _fmt(m.get("ece_gold")), _fmt(m.get("acc_gold")), temp))
     keys = list(report["teacher"]["latency"])
     lines += ["", "## Latency and size", "",
-              "| model | size MB | " + " | ".join(f"{k} b1 p50 | {k} b1 p99 | {k} b32 p50/state" for k in keys)
+              "| model | size MB | " + " | ".join(f"{k} b1 p50 | {k} b1 p99 | {k} b{task.report.batch_size} p50/state"
+                                                  for k in keys)
               + " | 1 thread b1 CPU ms p50 | speed-up vs teacher (1 thread, b1) |",
               "| --- | ---: | " + " | ".join("---: | ---: | ---:" for _ in keys) + " | ---: | ---: |"]
     t1 = report["teacher"]["latency"]["1 thread"]["b1_p50"]

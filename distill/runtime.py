@@ -67,9 +67,11 @@ class Student:
         if self.precision not in meta["models"]:
             raise ValueError("precision: {!r} not in this student (has {})".format(self.precision, sorted(meta["models"])))
         trained_len = int(meta["max_len"])
-        if max_len is not None and not 2 <= int(max_len) <= trained_len:
-            raise ValueError(f"max_len: must be between 2 and the trained budget {trained_len}, got {max_len!r}")
-        self.max_len = int(max_len or trained_len)
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
+                                    or not 2 <= max_len <= trained_len):
+            raise ValueError(f"max_len: must be an integer between 2 and the trained budget {trained_len}, "
+                             f"got {max_len!r}")
+        self.max_len = max_len or trained_len
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads: must be a positive integer or None, got {threads!r}")
         opts = ort.SessionOptions()
@@ -79,6 +81,7 @@ class Student:
         self.model_file = self.path / meta["models"][self.precision]
         self._session = ort.InferenceSession(str(self.model_file), opts, providers=["CPUExecutionProvider"])
         self._tokenizer = load_tokenizer(self.path / "tokenizer.json") if self.kind == "encoder" else None
+        self._specials = len(self._tokenizer.encode("").ids) if self._tokenizer is not None else 0
 
     def __repr__(self) -> str:
         return f"Student({str(self.path)!r}, kind={self.kind}, precision={self.precision}, questions={list(self.questions)})"
@@ -101,6 +104,11 @@ class Student:
         """
         if questions is None:
             return list(self.questions)
+        if not isinstance(questions, dict | list | tuple) or not all(isinstance(n, str) for n in questions):
+            raise InputError("questions: expected a dict of name -> definition or a list of names, got "
+                             f"{type(questions).__name__}" + ("" if not isinstance(questions, list | tuple) else
+                                                              " holding a name that is not a string"),
+                             field="questions")
         names = list(questions)
         unknown = [n for n in names if n not in self.questions]
         if unknown:
@@ -163,7 +171,9 @@ class Student:
     def _run_encoder(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[dict]]:
         assert self._tokenizer is not None
         ids, full = encode(self._tokenizer, texts, self.max_len)
-        usage = [{"input_tokens": len(kept), "output_tokens": 0, "state_tokens": n,
+        # laya's `state_tokens` counts the state's own tokens; the student's rows add [CLS] and [SEP]
+        specials = self._specials
+        usage = [{"input_tokens": len(kept), "output_tokens": 0, "state_tokens": n - specials,
                   "state_tokens_dropped": n - len(kept), "truncated": n > len(kept)}
                  for kept, n in zip(ids, full)]
         by_len: dict[int, list[int]] = defaultdict(list)

@@ -183,7 +183,7 @@ def _check_ranges(t: Task) -> None:
     need(8 <= s.max_len <= 512, "student.max_len", "must be between 8 and 512")
     need(s.epochs >= 1, "student.epochs", "must be >= 1")
     need(s.batch_size >= 1, "student.batch_size", "must be >= 1")
-    need(s.lr > 0 and s.head_lr > 0, "student.lr", "learning rates must be > 0")
+    need(0 < s.lr < 1 and 0 < s.head_lr < 1, "student.lr", "learning rates must be in (0, 1)")
     need(s.threads >= 0, "student.threads", "must be >= 0 (0: all cores)")
     need(t.export.tolerance > 0 and t.export.int8_tolerance > 0, "export.tolerance", "must be > 0")
     need(t.export.check_rows >= 1, "export.check_rows", "must be >= 1")
@@ -218,9 +218,11 @@ def parse_task(raw: Any) -> Task:
     budgets = raw.get("budgets") or {}
     if not isinstance(budgets, dict):
         raise ValueError("task.budgets: expected a mapping")
-    for key in budgets:
+    for key, value in budgets.items():
         if key not in _BUDGETS:
             raise ValueError(f"task.budgets.{key}: unknown budget; known: {list(_BUDGETS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # checked before any label is made
+            raise ValueError(f"task.budgets.{key}: must be a positive integer (tokens), got {value!r}")
     task = Task(name=name, questions=questions, text_field=text_field, gold=dict(gold), budgets=dict(budgets),
                 **{sec: _section(sec, cls, raw.get(sec)) for sec, cls in _SECTIONS.items()})
     try:

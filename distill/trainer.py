@@ -112,6 +112,9 @@ def train_encoder(task: Task, train_ids: list[list[int]], train_t: dict[str, np.
                      for h in heads)
             history.append({"epoch": epoch + 1, "val_kl": round(kl, 5)})
             bar.write(f"epoch {epoch + 1}: validation KL (sum over questions) {kl:.4f}")
+            if not np.isfinite(kl):  # NaN never beats the best, and every later epoch would be NaN too
+                raise ValueError(f"student training diverged: validation KL is {kl} at epoch {epoch + 1}; lower "
+                                 f"student.lr ({s.lr:g}) or student.head_lr ({s.head_lr:g})")
             if kl < best_kl:
                 best, best_kl = copy.deepcopy(model.state_dict()), kl
     model.load_state_dict(best)

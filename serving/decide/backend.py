@@ -17,6 +17,7 @@ from typing import Any
 
 from distill.deferral import Deferral, apply_deferral, parse_below, recorded_teacher
 from distill.remote_teacher import RemoteTeacher
+from laya.answers import check_min_confidence, gate
 from laya.errors import InputError
 from laya.layout import answers_digest
 from laya.rows import state_text
@@ -69,6 +70,7 @@ class StudentUnit:
     state: Any
     names: list[str]
     chars: int
+    min_confidence: Any = None  # the request's gate, applied after deferral as `Student.predict_batch` does
 
 
 class StudentBackend:
@@ -85,17 +87,18 @@ class StudentBackend:
         self.default_questions = dict(student.questions)
 
     def prepare(self, state: Any, questions: dict, budgets: dict) -> StudentUnit:
-        if budgets:
-            field = sorted(budgets)[0]
-            raise InputError(f"{field}: not supported when serving a student (its budgets are fixed at "
-                             "distillation)", field=field)
+        fixed = sorted(set(budgets) - {"min_confidence"})
+        if fixed:
+            raise InputError(f"{fixed[0]}: not supported when serving a student (its budgets are fixed at "
+                             "distillation)", field=fixed[0])
+        threshold = check_min_confidence(budgets.get("min_confidence"))
         try:
             names = self.student.select(questions)
         except InputError:
             raise
         except ValueError as exc:  # distill.runtime names no field: every refusal of select is about `questions`
             raise InputError(str(exc), field="questions") from None
-        return StudentUnit(state, names, len(state_text(state)))
+        return StudentUnit(state, names, len(state_text(state)), threshold)
 
     def can_answer(self, questions: dict) -> bool:
         """Only the questions it was distilled for, as it was (`select` refuses anything else)."""
@@ -127,6 +130,9 @@ class StudentBackend:
         if self.deferral is not None and self.deferral.remote:  # one call for the request's unsure states
             apply_deferral(self.deferral, [u.state for u in units], outputs, self.student.questions,
                            self.student.teacher_budgets, deadline)
+        for unit, output in zip(units, outputs):
+            if unit.min_confidence is not None:
+                gate(output["answers"], unit.min_confidence)
         return outputs
 
     def describe(self) -> dict:

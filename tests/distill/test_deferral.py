@@ -73,6 +73,17 @@ def test_each_answer_under_its_threshold_is_the_teacher_s(pair):
     assert 0 < teacher_answers < len(STATES) * len(QUESTIONS)
 
 
+def test_an_answer_the_teacher_gave_on_the_whole_state_is_not_reported_cut(pair, student_dir):
+    """The student reads 16 tokens of a long state, the teacher all of it: a deferred answer was not truncated."""
+    _, teacher = pair
+    short = Student(student_dir, threads=1, max_len=16)
+    long_state = " ".join(["refund"] * 40)
+    result = short.predict(long_state, defer=Deferral(teacher, parse_below(1.0, QUESTIONS)))
+    assert result["usage"]["truncated"] is True  # the student's own reading was cut
+    deferred = result["usage"]["deferred_questions"]
+    assert deferred and result["usage"]["truncated_questions"] == [q for q in QUESTIONS if q not in deferred]
+
+
 def test_threshold_zero_never_asks_and_one_asks_all_but_certain_answers(pair):
     student, teacher = pair
     alone = student.predict_batch(STATES)

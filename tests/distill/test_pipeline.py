@@ -41,7 +41,7 @@ def test_student_folder_holds_models_tokenizer_metadata_and_report(student_dir):
     assert meta["provenance"]["encoder"] == "all-MiniLM-L6-v2 (first 1 of 6 layers)"
     assert (student_dir / "model.int8.onnx").stat().st_size < (student_dir / "model.onnx").stat().st_size / 3
     report = (student_dir / "report.md").read_text()
-    for needle in ("agreement", "ECE vs gold", "encoder int8", "linear", "teacher", "1 thread", "b32",
+    for needle in ("agreement", "ECE vs gold", "encoder int8", "linear", "teacher", "1 thread", "b4 p50/state",
                    "T applied (fit)"):
         assert needle in report
 
@@ -163,6 +163,18 @@ def test_labels_from_another_task_are_not_mixed_in(student_dir, distill_inputs, 
     with pytest.raises(ValueError, match=r"existing labels were made with different \['task'\]"):
         L.label(other, None, L.load_corpus(distill_inputs["data"], other), labels, teacher_id=teacher_id,
                 progress=False)
+
+
+def test_a_meta_json_beside_no_chunk_is_rewritten_not_refused(student_dir, distill_inputs, tmp_path):
+    """A run that failed before its first chunk left only meta.json: nothing to mix, so a corrected task goes on."""
+    other = parse_task(dict(TASK, questions={"churn": TASK["questions"]["churn"]}, gold={"churn": "churn"}))
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    shutil.copy(student_dir / "labels" / "meta.json", labels / "meta.json")
+    teacher_id = json.loads((labels / "meta.json").read_text())["teacher"]
+    corpus = L.load_corpus(distill_inputs["data"], other)
+    L._check_meta(labels, other, corpus, teacher_id)
+    assert json.loads((labels / "meta.json").read_text())["task"] == other.fingerprint()
 
 
 def test_labels_of_a_teacher_rebuilt_in_place_are_not_resumed(student_dir, distill_inputs, tmp_path):
@@ -309,6 +321,31 @@ def test_bad_eval_flags_are_one_line_naming_them(distill_inputs, tmp_path, flag,
     proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
                   str(distill_inputs["data"]), "--out", str(tmp_path / "o"), flag, value, check=False)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_eval_gold_column_a_file_lacks_is_refused_before_labelling(distill_inputs, tmp_path):
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"text": "refund me or I leave"}) + "\n")
+    proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
+                  str(distill_inputs["data"]), "--out", str(tmp_path / "o"), "--eval-data", f"bare={bare}",
+                  "--eval-gold", "department=department5", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "eval_gold: department=department5: column 'department5' is not in eval data bare=" in proc.stderr
+    assert not (tmp_path / "o" / "labels").exists()  # said before any label was made
+
+
+def test_eval_data_without_gold_is_measured_against_the_teacher_alone(student_dir, distill_inputs, tmp_path):
+    out = tmp_path / "s"
+    shutil.copytree(student_dir, out)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("refund me or I leave", "site is down")))
+    pagoda("distill", "--teacher", str(distill_inputs["teacher"]), "--task", str(distill_inputs["task"]), "--data",
+           str(distill_inputs["data"]), "--out", str(out), "--no-progress", "--restart-from", "report",
+           "--eval-data", f"bare={bare}")
+    other = json.loads((out / "report.json").read_text())["other_data"]["bare"]
+    assert other["rows"] == 2 and other["gold_columns"] == {} and other["teacher"] == {}
+    assert set(other["students"]["encoder int8"]) == {"department", "urgency", "churn"}
+    assert all("acc_gold" not in m for m in other["students"]["encoder int8"].values())
 
 
 def test_cli_reports_bad_input_without_a_traceback(distill_inputs, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from distill_support import ROOT, TASK, torch_threads
 
 from distill.runtime import Student
+from laya.errors import InputError
 
 STATES = ["Hi, we were billed twice for March. Refund it today or we cancel.",
           "The export button gives error 500 since the update, our whole team is blocked!",
@@ -140,6 +141,23 @@ def test_subset_of_questions_and_refusals_name_the_question(student):
     with pytest.raises(ValueError, match="batch_size"):
         student.predict_batch(STATES, batch_size=0)
     assert student.predict_batch([]) == []
+    for bad in (5, "churn", 1.5, [["churn"]], True):  # an InputError naming `questions`, never a TypeError
+        with pytest.raises(InputError, match="questions: expected a dict") as err:
+            student.predict(STATES[1], bad)
+        assert err.value.field == "questions"
+
+
+def test_usage_counts_state_tokens_as_laya_does(student):
+    """laya's `state_tokens` is the state's own tokens (laya-mini's teacher reads them with this very tokenizer);
+    the student's row adds [CLS] and [SEP] around them, which `input_tokens` counts."""
+    from distill.inputs import minilm_tokenizer
+
+    if student.kind != "encoder":
+        pytest.skip("a linear student counts words")
+    for state in ("", "my package never arrived", "refund " * 40):
+        usage = student.predict(state)["usage"]
+        own = len(minilm_tokenizer().encode(state, add_special_tokens=False).ids)
+        assert usage["state_tokens"] == own and usage["input_tokens"] == min(own, student.max_len - 2) + 2, state
 
 
 def test_bad_folders_and_options_are_named(student_dir, tmp_path):
@@ -149,6 +167,9 @@ def test_bad_folders_and_options_are_named(student_dir, tmp_path):
         Student(student_dir / "baseline-linear", precision="int8")
     with pytest.raises(ValueError, match="threads"):
         Student(student_dir, threads=0)
+    for bad in (64.5, "64", True):
+        with pytest.raises(ValueError, match="max_len: must be an integer"):
+            Student(student_dir, max_len=bad)
     meta = json.loads((student_dir / "student.json").read_text())
     (tmp_path / "student.json").write_text(json.dumps(dict(meta, format="something-else")))
     with pytest.raises(ValueError, match="'format'"):

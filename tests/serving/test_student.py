@@ -46,6 +46,14 @@ def test_student_serving(student):
     assert r.status_code == 422 and "urgency" in r.json()["error"]["message"]
     r = requests.post(server.url + "/decide", json={"state": state, "max_len": 32}, timeout=30)
     assert r.status_code == 422 and r.json()["error"]["field"] == "max_len"
+    for bad in (5, "churn", 1.5, [["a"]], True):  # never a 500, nor a string read as its letters
+        r = requests.post(server.url + "/decide", json={"state": state, "questions": bad}, timeout=30)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "questions", (bad, r.text)
+        assert "expected a dict" in r.json()["error"]["message"], r.text
+    gate = {"choice:3-5": 0.99, "default": 0.5}  # the gate works over HTTP as in `Student.predict`
+    r = requests.post(server.url + "/decide", json={"state": state, "min_confidence": gate}, timeout=30)
+    assert r.status_code == 200 and r.json()["answers"] == local.predict(state, min_confidence=gate)["answers"]
+    assert "abstention_threshold" in r.json()["answers"]["churn"]
     engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
     # ServerProcess sets $PAGODA_TORCH_THREADS=1, which reaches onnxruntime
     assert engine == {"precision": "fp32", "backend": "onnxruntime", "model_file": "model.onnx", "threads": 1}
