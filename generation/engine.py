@@ -285,6 +285,7 @@ class Engine:
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
+        before = len(seq.text)
         seq.text = self.tokenizer.decode(seq.output_ids, p.skip_special_tokens)
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             seq.matched_stop = tok
@@ -292,9 +293,10 @@ class Engine:
                 seq.text = self.tokenizer.decode(seq.output_ids[:-1], p.skip_special_tokens)
             return "stop"
         if p.stop:
-            # a stop string may straddle token boundaries: search the tail that the new token could complete
-            window = max(len(s) for s in p.stop) + 16
-            start = max(0, len(seq.text) - window)
+            # a stop string may straddle token boundaries: search from where one could have begun before this
+            # token's text (a token may add any number of characters; up to 3 U+FFFD of a character still
+            # incomplete may have collapsed into it)
+            start = max(0, before - max(len(s) for s in p.stop) - 3)
             hits = [(i, s) for i, s in ((seq.text.find(s, start), s) for s in p.stop) if i >= 0]
             if hits:
                 at, seq.matched_stop = min(hits)

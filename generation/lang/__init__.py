@@ -36,6 +36,8 @@ from generation.lang.ir import (
     assistant_begin,
     assistant_end,
     gen,
+    gen_int,
+    gen_string,
     select,
     system,
     system_begin,
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
 _LAZY = {"LocalBackend": "generation.lang.backend_local", "HttpBackend": "generation.lang.backend_http"}
 
-__all__ = ["function", "Program", "ProgramState", "ForkGroup", "gen", "select", "system", "user", "assistant",
+__all__ = ["function", "Program", "ProgramState", "ForkGroup", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
            "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
            "Backend", "LocalBackend", "HttpBackend", "set_default_backend", "ChoiceMethod", "token_length_normalized",
            "greedy_token_selection", "unconditional_likelihood_normalized", "LangError", "UnknownVariable"]

@@ -174,10 +174,26 @@ def gen(name: str | None = None, max_tokens: int | None = None, *, stop: str | l
     return Gen(name, params, dtype_name, site)
 
 
-def select(name: str | None = None, choices: list[str] | None = None, *,
+def gen_int(name: str | None = None, max_tokens: int | None = None, **settings: Any) -> Gen | Select:
+    """`gen(..., dtype=int)`, under the name SGLang's frontend exports it by."""
+    return gen(name, max_tokens, dtype=int, **settings)
+
+
+def gen_string(name: str | None = None, max_tokens: int | None = None, **settings: Any) -> Gen | Select:
+    """`gen(..., dtype=str)`, under the name SGLang's frontend exports it by."""
+    return gen(name, max_tokens, dtype=str, **settings)
+
+
+def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
            choices_method: ChoiceMethod = token_length_normalized) -> Select:
-    """Append the choice the model finds most likely after the text so far (see `generation.lang.choices`)."""
-    return _select(call_site(f"select({name!r})" if name else "select()"), name, choices, choices_method)
+    """Append the choice the model finds most likely after the text so far (see `generation.lang.choices`).
+
+    `temperature` is in SGLang's signature, whose server backend takes only 0 (it scores, it does not sample):
+    so here too a choice is picked greedily and any other temperature is refused."""
+    site = call_site(f"select({name!r})" if name else "select()")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 1e-5:
+        raise LangError(site, f"select picks the most likely choice; temperature must be 0, got {temperature!r}")
+    return _select(site, name, choices, choices_method)
 
 
 def _select(site: CallSite, name: str | None, choices: Any, method: Any) -> Select:

@@ -70,9 +70,10 @@ class Program:
         return state
 
     def run_batch(self, batch: list[dict[str, Any] | list | tuple], *, backend: Backend | None = None,
-                  num_threads: int | None = None, progress_bar: bool = False, **sampling: Any) -> list[ProgramState]:
+                  num_threads: int | str = "auto", progress_bar: bool = False, **sampling: Any) -> list[ProgramState]:
         """Run the program once per argument set (a dict of keyword arguments, or a list of positional
-        ones), `num_threads` at a time (default: all, up to 64), so the backend batches their calls.
+        ones), `num_threads` at a time ("auto", SGLang's default: all, up to 64), so the backend batches their
+        calls.
         Returns the states in order; a failed one is not raised but kept as `state.error()`."""
         unknown = sorted(set(sampling) - set(SAMPLING_DEFAULTS))
         if unknown:
@@ -85,9 +86,12 @@ class Program:
             prepared.append((args, kwargs, defaults))
         if not prepared:
             return []
-        threads = num_threads or min(len(prepared), 64)
-        if threads < 1:
-            raise ValueError("run_batch: num_threads must be >= 1")
+        if num_threads == "auto" or num_threads is None:
+            threads = min(len(prepared), 64)
+        elif isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"run_batch: num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
+        else:
+            threads = num_threads
 
         def one(item: tuple) -> ProgramState:
             args, kwargs, defaults = item

@@ -337,7 +337,7 @@ class ProgramState:
         if self._role is None or self._role.role != expr.role:
             open_role = f"the open block is {self._role.role}" if self._role else "no block is open"
             raise LangError(expr.site, f"ends a {expr.role} block, but {open_role}")
-        content = self._text[self._role.content_start:]
+        content = self._text[self._role.content_start:].lstrip()  # as SGLang keeps a message's content
         self._append(self._role.suffix)
         self._messages.append({"role": expr.role, "content": content})
         self._role = None

@@ -15,6 +15,7 @@ import torch
 
 from generation import Engine, EngineConfig, SamplingParams
 from generation.constraints import CACHE, Constraint, GrammarCache, processor_from_request
+from generation.logits_processor import LogitsProcessor
 from tests.generation.grammar_checks import is_arith
 
 # Every string, number and array is bounded, so a model whose weights are noise must still finish:
@@ -389,3 +390,27 @@ def test_an_engine_loop_serves_constrained_requests_compiled_on_many_threads(tin
         out = results[j]
         assert out.finish_reason == "stop" and out.token_ids == expected[j]
         jsonschema.validate(json.loads(out.text), TEST_SCHEMAS[name])
+
+
+class _Force(LogitsProcessor):
+    """Writes the given token ids, then EOS."""
+
+    def __init__(self, ids: list[int], eos: int):
+        self.ids, self.eos = ids, eos
+
+    def __call__(self, prompt_ids, output_ids, logits) -> None:
+        logits.fill_(float("-inf"))
+        logits[self.ids[len(output_ids)] if len(output_ids) < len(self.ids) else self.eos] = 0.0
+
+
+def test_a_stop_string_inside_a_long_token_is_found_where_it_begins(engine):
+    """SmolLM2 has tokens of 80 characters (runs of '#', a newline and spaces): a stop string early in one must
+    be cut where it begins, however much text the token adds after it."""
+    tok = engine.tokenizer
+    hashes = tok.encode("#" * 80)
+    assert len(hashes) == 1  # one token
+    ids = tok.encode("Hello") + hashes + tok.encode(" world")
+    eos = next(iter(engine.eos_ids))
+    out = engine.generate(["Hi"], SamplingParams(max_new_tokens=10, stop=["###"],
+                                                 logits_processors=[_Force(ids, eos)]))[0]
+    assert out.finish_reason == "stop" and out.matched_stop == "###" and out.text == "Hello"

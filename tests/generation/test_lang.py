@@ -243,6 +243,27 @@ def test_run_batch_keeps_a_failure_on_its_state(local):
         states[1]["g"]
 
 
+def test_sglangs_other_names_and_defaults(local):
+    """What SGLang's frontend also exports and takes: gen_int, gen_string, select's temperature (0 only, as its
+    server backend asserts), run_batch(num_threads="auto"); a block's message content is left-stripped."""
+    @lang.function
+    def named(s):
+        s += "n: " + lang.gen_int("n", max_tokens=4) + " w: " + lang.gen_string("w", max_tokens=3)
+        s += " pick: " + lang.select("pick", ["fox", "dog"], 0.0)
+        with s.user():
+            s += "  spaced"
+
+    states = named.run_batch([{}, {}], backend=local, temperature=0, num_threads="auto")
+    assert all(s.error() is None for s in states) and states[0].text() == states[1].text()
+    assert re.fullmatch(r"[-+]?[0-9]+", states[0]["n"]) and states[0]["pick"] in ("fox", "dog")
+    assert states[0].messages()[-1] == {"role": "user", "content": "spaced"}
+    with pytest.raises(lang.LangError, match="temperature must be 0"):
+        lang.select("pick", ["fox", "dog"], 0.7)
+    for bad in (0, "many", 2.5):
+        with pytest.raises(ValueError, match="num_threads"):
+            named.run_batch([{}], backend=local, num_threads=bad)
+
+
 # ---- constraints ----------------------------------------------------------------------------------------
 
 def test_regex_choices_dtype_and_schema_inside_gen(local):
