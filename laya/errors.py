@@ -8,32 +8,33 @@ only catch `ValueError` keep working.
 
 from __future__ import annotations
 
-# Fields that belong to the request (its budgets) rather than to one question's definition, even when
-# the error is about a particular question (e.g. a question whose markers do not fit `max_len`).
-REQUEST_FIELDS = frozenset({"state", "states", "questions", "max_len", "head_max_len", "min_confidence", "lang",
-                            "option_order", "batch_size"})
-
 
 class InputError(ValueError):
     """A caller's mistake, named: `question` (or None) and `field` (or None), plus a readable message."""
 
-    def __init__(self, message: str, *, field: str | None = None, question: str | None = None):
+    def __init__(self, message: str, *, field: str | None = None, question: str | None = None,
+                 at: str | None = None):
         super().__init__(message)
         self.field = field
         self.question = question
+        self._at = at
 
     @property
     def path(self) -> str:
         """Where the mistake sits in a `predict(state, questions, **budgets)` call, as a dotted path.
 
-        `questions.<name>.<field>` for a question's own field, `<field>` for a request-level one.
-        """
-        if self.question is None or (self.field in REQUEST_FIELDS):
+        `questions.<name>.<field>` for a question's own field, `<field>` for a request-level one, or what the
+        raiser said (`at`): a question's error whose cure is a request argument (its markers do not fit
+        `max_len`) points there. Never guessed from the field's name: a question may hold a field called
+        `state` or `max_len` (an unknown one), and that is the question's mistake."""
+        if self._at is not None:
+            return self._at
+        if self.question is None:
             return self.field or "questions"
         return f"questions.{self.question}.{self.field}" if self.field else f"questions.{self.question}"
 
 
-def question_error(name: object, field: str, message: str) -> InputError:
+def question_error(name: object, field: str, message: str, at: str | None = None) -> InputError:
     """The one message format for a question's field: `question 'q': field 'f': ...`."""
     return InputError(f"question {name!r}: field {field!r}: {message}", field=field,
-                      question=name if isinstance(name, str) else repr(name))
+                      question=name if isinstance(name, str) else repr(name), at=at)

@@ -69,7 +69,15 @@ def parse_questions(questions: Any, option_order: dict[str, Any] | None = None) 
         if option_order is not None and name in option_order:
             if not isinstance(qdef, dict):
                 raise _fail(name, "type", f"definition must be a dict, got {type(qdef).__name__}")
-            qdef = {**qdef, "option_order": option_order[name]}
+            try:
+                qdef = {**qdef, "option_order": option_order[name]}
+                out.append(parse_question(name, qdef))
+            except InputError as exc:  # the order came from the argument: point there
+                if exc.field == "option_order":
+                    raise InputError(str(exc), field="option_order", question=exc.question,
+                                     at=f"option_order.{name}") from None
+                raise
+            continue
         out.append(parse_question(name, qdef))
     return out
 

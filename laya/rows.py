@@ -130,7 +130,7 @@ def build_row(tok: LayaTokenizer, q: Question, head: tuple[list[int], list[list[
         raise question_error(
             q.name, "max_len", f"only {len(surviving)} of its {len(markers)} option markers "
             f"fit in max_len={budgets.max_len} with head_max_len={budgets.head_max_len}; raise max_len, "
-            "lower head_max_len or use fewer options")
+            "lower head_max_len or use fewer options", at="max_len")
     return Row(q.name, ids, markers, q.qtype, q.keys, len(opts), len({tuple(o) for o in opts}), per_option,
                len(state_ids), len(kept))
 

@@ -74,6 +74,21 @@ def test_marker_pushed_out_of_budget_names_question_and_field(agent):
         agent.predict(STATE, many, max_len=40)
 
 
+@pytest.mark.parametrize("qdef,kwargs,path", [
+    (dict(OK, state=1), {}, "questions.q.state"),        # a question's unknown field, whatever its name
+    (dict(OK, max_len=1), {}, "questions.q.max_len"),
+    (dict(OK, lang="de"), {}, "questions.q.lang"),
+    (dict(OK, option_order=[1, 1]), {}, "questions.q.option_order"),
+    (OK, {"option_order": {"q": [1, 1]}}, "option_order.q"),  # the argument that holds it
+    ({"type": "choice", "instructions": "x", "criteria": [f"opt {i}" for i in range(30)]}, {"max_len": 40},
+     "max_len"),                                          # markers that do not fit: raising max_len cures it
+])
+def test_errors_point_at_where_the_mistake_is(agent, qdef, kwargs, path):
+    with pytest.raises(InputError) as err:
+        agent.predict(STATE, {"q": qdef}, **kwargs)
+    assert err.value.path == path
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"max_len": 0}, "max_len"), ({"max_len": "512"}, "max_len"), ({"head_max_len": -1}, "head_max_len"),
     ({"min_confidence": 1.5}, "min_confidence"), ({"min_confidence": True}, "min_confidence"),

@@ -146,6 +146,11 @@ def _options(n):
     ("/decide", {"state": "x", "questions": {"q": {"type": "score", "instructions": "?", "criteria": ["a"]}}},
      422, "invalid_request", "questions.q.criteria"),  # the core's own check, surfaced as 422
     ("/decide", {"state": 5, "questions": {}}, 422, "invalid_request", "state"),
+    # a question's unknown field is the question's, whatever its name, and no state's in a batch
+    ("/decide/batch", {"states": ["x", "y"], "questions": {"q": {"type": "noul", "instructions": "?", "state": 1}}},
+     422, "invalid_request", "questions.q.state"),
+    ("/decide", {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?", "lang": 1}}},
+     422, "invalid_request", "questions.q.lang"),
     ("/decide", {"state": "x", "questions": {}, "max_len": -1}, 422, "invalid_request", "max_len"),
     ("/decide", {"state": "x", "questions": {}, "temperature": 2}, 422, "invalid_request", "temperature"),
     ("/decide", [1, 2], 422, "invalid_request", "body"),

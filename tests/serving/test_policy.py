@@ -61,6 +61,21 @@ def test_load_yaml_and_json(tmp_path):
         Policy.load(tmp_path / "bad.yaml")
 
 
+@pytest.mark.parametrize("name,text,needle", [
+    ("twice.yaml", "a: churn_risk.noul > 0.5\na: churn_risk.noul > 0.9\n", "'a' is given twice (line 2"),
+    ("twice.json", '{"a": "churn_risk.noul > 0.5", "a": "urgency.score > 1"}', "'a' is given twice"),
+    ("broken.yaml", "a: [x\n", "expected ',' or ']'"),
+    ("number.yaml", "2024: churn_risk.noul > 0.5\n", "name 2024 must be a string"),
+])
+def test_a_file_of_names_is_refused_in_one_line_naming_what_is_wrong(tmp_path, name, text, needle):
+    """A name given twice would silently drop a rule or preset, and a number as a name could never be asked
+    for; PyYAML's own messages span lines."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError) as err:
+        Policy.load(tmp_path / name)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
 def test_a_rule_of_1500_terms_evaluates_and_means_the_same_as_its_short_form():
     """A long `and`/`or` chain is one node over its terms: evaluating it recurses once, not 1500 times (that
     passed startup, then raised RecursionError on every request)."""
