@@ -423,6 +423,12 @@ class Front:
     def _check_head(self, request: h11.Request, conn: h11.Connection, writer: asyncio.StreamWriter) -> float:
         """Refuse what the headers already tell (ambiguous framing, a declared size over the limit); returns
         the body's deadline."""
+        # h11 bounds a head still arriving (max_incomplete_event_size); one that came whole in a single read
+        # is parsed at any size, so measure it here: request line, each header line, the blank line
+        size = len(request.method) + len(request.target) + 11 + sum(len(n) + len(v) + 4 for n, v in request.headers) + 2
+        if size > self.limits.max_header_bytes:
+            raise Refused(431, f"request line and headers over the {self.limits.max_header_bytes} byte limit "
+                               "(--max-header-bytes)", "headers_too_large")
         names = {name for name, _ in request.headers}
         if b"content-length" in names and b"transfer-encoding" in names:
             raise Refused(400, "both Content-Length and Transfer-Encoding given: the body's length is ambiguous",

@@ -113,7 +113,11 @@ class GenerateApi:
         return sglang.generate(run, self.service)
 
     def model_info(self) -> dict:
-        path = str(self.service.model) if self.service.model else self.service.name
+        """SGLang's: `model_path` is the file or folder served (the embedded default's too), so a frontend on this
+        host reads the chat template from it (`generation.lang.HttpBackend`)."""
+        from generation.weights import default_model_path
+
+        path = str(self.service.model or default_model_path())
         return {"model_path": path, "tokenizer_path": path, "is_generation": True,
                 "served_model_name": self.service.name}
 

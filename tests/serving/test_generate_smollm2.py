@@ -38,3 +38,21 @@ def test_smollm2_over_http_equals_the_engine(smol):
         "input_ids": ids, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}).json()
     assert native["output_ids"] == ref.token_ids
     assert native["meta_info"]["cached_tokens"] > 0  # the chat requests left the prompt in the cache
+
+
+def test_a_frontend_on_this_host_reads_the_default_models_chat_template(smol):
+    """`/get_model_info` names the embedded GGUF itself, as SGLang names what it serves, so `HttpBackend` renders
+    role blocks with SmolLM2's template without being told where the model is."""
+    from generation import lang
+    from generation.weights import default_model_path
+
+    info = requests.get(smol.url + "/get_model_info", timeout=10).json()
+    assert info["model_path"] == str(default_model_path()) and info["served_model_name"] == "SmolLM2-135M-Instruct"
+
+    @lang.function
+    def greet(s):
+        s += lang.user("Say hi.")
+        s += lang.assistant(lang.gen("reply", max_tokens=4))
+
+    state = greet.run(backend=lang.HttpBackend(smol.url), temperature=0)
+    assert state.text().startswith("<|im_start|>") and state["reply"]

@@ -251,6 +251,8 @@ def test_a_declared_length_over_the_limit_is_413_before_the_body(front):
     (b"POST /decide HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
      400, "bad_request"),
     (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", 431, "headers_too_large"),
+    # under one read (64 KiB) but over --max-header-bytes (16 KiB): the whole head arrives at once
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 30_000 + b"\r\n\r\n", 431, "headers_too_large"),
     (b"NOT HTTP AT ALL\r\n\r\n", 400, "bad_request"),
     (b"POST /decide HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "bad_request"),
 ])
