@@ -60,7 +60,8 @@ class GenerationOutput:
     `prompt_token_ids` include a pin's tokens; `pin` is the id of the pin the request left behind when it
     was added with `pin_result=True`; `prompt_logprobs` has one record per prompt token from
     `SamplingParams.prompt_logprobs_start` on. `matched_stop` says what ended a `stop`: the token id (EOS
-    or one of `stop_token_ids`) or the stop string."""
+    or one of `stop_token_ids`) or the stop string. `no_room` marks an `error` that is the pool's, not the
+    request's nor the model's: the sequence outgrew what pins and the pool leave it (a server answers 507)."""
 
     request_id: str
     index: int
@@ -74,6 +75,7 @@ class GenerationOutput:
     pin: str | None = None
     error: str | None = None
     matched_stop: int | str | None = None
+    no_room: bool = False
 
 
 class Engine:
@@ -225,8 +227,12 @@ class Engine:
             seq = self.scheduler.unschedulable
             if seq is None:
                 return []
-            return [self._end(seq, "error", f"KV pool too small for request {seq.request_id!r} ({len(seq)} tokens): "
-                                            "raise EngineConfig.num_blocks or kv_cache_memory_mb, or unpin")]
+            pinned = sum(len(pin.blocks) for pin in self._pins.values())
+            out = self._end(seq, "error", f"KV pool too small for request {seq.request_id!r} ({len(seq)} tokens; "
+                                          f"pins hold {pinned} of its {self.blocks.num_blocks} blocks): unpin, or "
+                                          "raise EngineConfig.num_blocks or kv_cache_memory_mb")
+            out.no_room = True
+            return [out]
         out = self.runner.run(plan)
         self._counters["steps"] += 1
         if plan.decode:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from serving.config import ServeConfig
@@ -36,8 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a command. What a command did not turn into its own one-line error but is still the user's to mend
+    (a path that is a file where a folder goes, a folder where a file goes, bytes that are not UTF-8, a value a
+    validator refused: `OSError`s and `ValueError`s) prints as one line with exit 2 here rather than as a
+    traceback; `PAGODA_TRACEBACK=1` shows the traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
+        if os.environ.get("PAGODA_TRACEBACK"):
+            raise
+        name = " ".join(str(v) for v in (args.command, getattr(args, "bench_target", None)) if v)
+        print(f"pagoda {name}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 def register(commands, bench) -> None:

@@ -22,6 +22,7 @@ server with the reason in the log instead of serving 503s forever.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib
 import io
 import json
@@ -29,7 +30,9 @@ import logging
 import math
 import os
 import resource
+import struct
 import sys
+import termios
 import threading
 import time
 import uuid
@@ -51,6 +54,7 @@ from serving.ready_board import ReadyBoard
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
 log = logging.getLogger("pagoda.serve")
 _READ_CHUNK = 64 * 1024
+_SIOCOUTQ = getattr(termios, "TIOCOUTQ", None) if sys.platform.startswith("linux") else None
 _REQUEST_LINE_BYTES = 8192  # what a refusal reads its path from (the request line; longer ones go undialected)
 _LINGER_S = 2.0  # after an error answer, how long unread request bytes are drained so the answer is not reset
 
@@ -457,6 +461,7 @@ class Front:
         """On a request thread: the app's response, each chunk written through the loop as it comes (a write
         waits for the client to take it, bounded by --write-timeout-s, so a stream keeps its pace)."""
         started: list = []
+        stall = _Stall(self.limits.write_timeout_s)
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info=None):
             if exc_info and started:
@@ -466,7 +471,7 @@ class Front:
 
         def send(*events: h11.Event) -> None:
             future = asyncio.run_coroutine_threadsafe(self._send(conn, writer, events), self.loop)
-            future.result()
+            stall.check(future.result())
 
         response = None
         sent_head = False
@@ -514,7 +519,8 @@ class Front:
             out.append((b"connection", b"close"))
         return h11.Response(status_code=int(status.split(" ", 1)[0]), headers=out, reason=status[4:].encode())
 
-    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, events) -> None:
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, events) -> int:
+        """Write the events; returns the bytes written and not yet taken by the client (`_Stall` reads it)."""
         if writer.is_closing():
             raise ConnectionResetError
         for event in events:
@@ -522,6 +528,7 @@ class Front:
             if data:
                 writer.write(data)
         await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+        return writer.transport.get_write_buffer_size() + _kernel_unsent(writer)
 
     def _environ(self, head: h11.Request, body: bytes, peer, local) -> dict:
         target = head.target.decode("latin-1")
@@ -581,6 +588,38 @@ class Front:
             pass
         finally:
             writer.close()
+
+
+class _Stall:
+    """`--write-timeout-s` for a stream of small writes. `drain()` waits only once asyncio's buffer is full, and
+    that fills only after the socket's kernel buffer (megabytes, autotuned): a streaming client that stops
+    reading would hold its request thread and KV for the whole answer. So each write also asks how much is still
+    unsent; when that has not shrunk for the timeout, the client is taking none of it (its receive window is
+    full) and the request ends as a slow drain does (TimeoutError: the stream is closed and aborted)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.pending = 0
+        self.since = time.monotonic()
+
+    def check(self, pending: int) -> None:
+        now = time.monotonic()
+        if pending == 0 or pending < self.pending:
+            self.since = now
+        self.pending = pending
+        if pending and now - self.since > self.timeout_s:
+            raise TimeoutError(f"the client took none of {pending} bytes for {self.timeout_s:g}s")
+
+
+def _kernel_unsent(writer: asyncio.StreamWriter) -> int:
+    """Bytes in the socket's send queue (Linux's SIOCOUTQ); 0 where the platform cannot say."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or _SIOCOUTQ is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def _request_path(start: bytes) -> str | None:

@@ -18,7 +18,7 @@ from contextlib import closing
 from typing import Any
 
 from serving.errors import ApiError, error_body
-from serving.generate.service import Run, Service
+from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import DONE, sse
 
 SERVER_SIDE = {"overloaded", "not_ready", "timeout", "model_error", "internal_error", "aborted",
@@ -33,18 +33,6 @@ def error_dialect(body: dict) -> dict:
     else:
         kind = "server_error" if err["type"] in SERVER_SIDE else "invalid_request_error"
     return {"error": {"message": err["message"], "type": kind, "param": err["field"], "code": err["type"]}}
-
-
-def failure(out: Any) -> ApiError | None:
-    """Why a choice has no answer, as the error the request gets; None for a normal end."""
-    if out.finish_reason in ("stop", "length"):
-        return None
-    if out.finish_reason == "deadline":
-        return ApiError(504, "the generation passed its deadline (--generate-deadline-s)", "timeout")
-    if out.finish_reason == "error":
-        return ApiError(500, f"the generation failed: {out.error}", "model_error")
-    return ApiError(503, "the generation was aborted (the server is shutting down)", "aborted",
-                    headers={"Retry-After": "1"})
 
 
 def raise_failures(outputs: list[Any]) -> None:

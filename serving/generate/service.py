@@ -40,6 +40,20 @@ def body_field(req: Request, field: str, default: str | None = None, prompt: int
     return req.names[prompt].get(field, default or field)
 
 
+def failure(out: Any) -> ApiError | None:
+    """Why a choice has no answer, as the error the request gets; None for a normal end."""
+    if out.finish_reason in ("stop", "length"):
+        return None
+    if out.finish_reason == "deadline":
+        return ApiError(504, "the generation passed its deadline (--generate-deadline-s)", "timeout")
+    if out.finish_reason == "error" and out.no_room:  # a capacity state any client's pins can cause: not a 500
+        return ApiError(507, f"no room in the KV pool: {out.error}", "insufficient_storage")
+    if out.finish_reason == "error":
+        return ApiError(500, f"the generation failed: {out.error}", "model_error")
+    return ApiError(503, "the generation was aborted (the server is shutting down)", "aborted",
+                    headers={"Retry-After": "1"})
+
+
 def build_engine(cfg: GenerateConfig, model: str | None) -> Any:
     """The engine the generation settings describe: the one place a served engine is built, so the one a
     preloading master builds before the fork and the one a worker builds cannot differ."""
@@ -70,6 +84,7 @@ class Run:
         self.outputs: list[Any] = [None] * len(batch.handles)
         self.first_token: float | None = None
         self._last: dict[int, float] = {}
+        self._streamed: dict[int, int] = {}  # tokens each choice produced, for one its client cut off
         self._gaps: list[float] = []
         self._done = False
         self._observed = False
@@ -98,6 +113,7 @@ class Run:
                     if event.index in self._last:
                         self._gaps.append(now - self._last[event.index])
                     self._last[event.index] = now
+                    self._streamed[event.index] = self._streamed.get(event.index, 0) + 1
                 yield event.index, event
             self._done = True  # everything ended on its own: nothing to abort
         finally:
@@ -126,9 +142,12 @@ class Run:
         outs = [o for o in self.outputs if o is not None]
         reasons = [o.finish_reason for o in outs] + ["abort"] * (self.n_choices - len(outs))
         ttft = None if self.first_token is None else self.first_token - self.t0
+        # a choice cut off before its end (its client left) still produced the tokens it streamed
+        output = sum(len(o.token_ids) if o is not None else self._streamed.get(i, 0)
+                     for i, o in enumerate(self.outputs))
         self.service.metrics.observe_request(self.req.route, reasons, sum(len(ids) for ids in self.prompt_ids),
-                                             self.cached_tokens(), sum(len(o.token_ids) for o in outs), ttft,
-                                             self._gaps, time.monotonic() - self.t0)
+                                             self.cached_tokens(), output, ttft, self._gaps,
+                                             time.monotonic() - self.t0)
 
     def cached_tokens(self) -> int:
         """Prompt tokens the engine did not compute, a prompt counted once however many choices it has
@@ -265,6 +284,11 @@ class Service:
         loop = self.ready()
         self.check_model(req.model)
         prompt_ids = [self.encode(p, w) for p, w in zip(req.prompts, req.where)]
+        sequences = len(req.prompts) * req.n
+        if sequences > self.cfg.max_waiting:  # a 503 would say "retry", and no retry could ever fit it
+            field = "n" if req.n > 1 else req.where[0].split("[")[0]
+            raise bad(field, f"{len(req.prompts)} prompt(s) x n={req.n} is {sequences} sequences, more than the "
+                             f"{self.cfg.max_waiting} the queue holds (--generate-max-waiting): send fewer at once")
         prompt_logprobs_from = scoring(prompt_ids) if scoring else None
         prompts, params, pins = [], [], []
         for i, ids in enumerate(prompt_ids):

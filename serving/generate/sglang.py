@@ -19,7 +19,7 @@ from typing import Any
 
 from serving.errors import ApiError, error_body
 from serving.generate.schema import Request, bad
-from serving.generate.service import Run, Service
+from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import DONE, sse
 
 
@@ -88,10 +88,8 @@ class Writer:
 def generate(run: Run, service: Service) -> dict | list:
     outputs = run.wait()
     for out in outputs:
-        if out.finish_reason == "deadline":
-            raise ApiError(504, "the generation passed its deadline (--generate-deadline-s)", "timeout")
-        if out.finish_reason == "error":
-            raise ApiError(500, f"the generation failed: {out.error}", "model_error")
+        if out.finish_reason in ("deadline", "error"):  # SGLang answers an aborted choice as one, with its reason
+            raise failure(out)
     writer = Writer(run, service)
     answers = [writer.answer(b, out) for b, out in enumerate(outputs)]
     return answers if run.req.batch or run.req.n > 1 else answers[0]
@@ -123,9 +121,7 @@ def generate_stream(run: Run, service: Service, request_id: str) -> Iterator[str
                                     "meta_info": writer.meta(b, None, ids[b], records[b], ev.cached_tokens)})
                     continue
                 if ev.finish_reason in ("deadline", "error"):
-                    raise ApiError(504 if ev.finish_reason == "deadline" else 500,
-                                   f"the generation ended early: {ev.error or ev.finish_reason}",
-                                   "timeout" if ev.finish_reason == "deadline" else "model_error")
+                    raise failure(ev)
                 yield event(b, writer.answer(b, ev))
     except ApiError as exc:
         yield sse(error_body(exc.message, exc.type, exc.field, request_id))

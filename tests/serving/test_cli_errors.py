@@ -82,3 +82,14 @@ def test_bench_lang_bad_flags_name_the_flag(argv, capsys):
     rc, err = _run(["bench", "lang", *argv], capsys)
     assert rc == 2
     assert err.strip().count("\n") == 0 and err.startswith(f"pagoda bench lang: error: {argv[0]}")
+
+
+def test_a_path_of_the_wrong_kind_is_one_line_not_a_traceback(tmp_path, capsys):
+    """A command that did not catch it itself: a folder given as a data file, a student folder that is none."""
+    fixture = str(REPO / "tests" / "fixtures" / "laya" / "bert-tiny")
+    assert main(["calibrate", "--model", fixture, "--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagoda calibrate: error: ") and str(tmp_path) in err and len(err.splitlines()) == 1, err
+    assert main(["bench", "distill", "--student", str(tmp_path / "none"), "--teacher", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagoda bench distill: error: ") and "student.json" in err, err

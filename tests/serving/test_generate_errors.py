@@ -128,10 +128,15 @@ def test_protocol_errors_in_each_dialect(tight):
     assert requests.post(tight.url + "/decide", json={"state": "x"}, timeout=30).status_code == 404  # generation only
 
 
-def test_queue_full_is_503_with_retry_after(tight):
+def test_more_sequences_than_the_queue_holds_is_400_not_a_503_to_retry(tight):
+    """The tight server's queue holds 1: n=2 could never be admitted, however long a client waited (a queue
+    that is merely full now is 503 with Retry-After: generation/engine_loop's QueueFull)."""
     r = requests.post(tight.url + "/v1/chat/completions", json={"messages": MSG, "n": 2, "max_tokens": 2}, timeout=30)
-    error = openai_error(r, 503, None, "overloaded")
-    assert r.headers["Retry-After"] == "1" and "max_waiting" in error["message"]
+    error = openai_error(r, 400, "n", "invalid_request")
+    assert "--generate-max-waiting" in error["message"] and "Retry-After" not in r.headers
+    r = requests.post(tight.url + "/generate", json={"text": ["a", "b"], "sampling_params": {"max_new_tokens": 1}},
+                      timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "text", r.text
 
 
 def test_deadline_ends_answers_and_streams(tight):
@@ -219,3 +224,34 @@ def test_the_http_fronts_refusals_on_v1_are_in_openais_shape_too(tight):
         assert body["error"]["code"] == code and body["error"]["param"] is None and body["error"]["message"]
     got, body = raw_answer(tight, big_body.replace(b"/v1/chat/completions", b"/generate"))
     assert got == 413 and body["error"]["type"] == "payload_too_large" and "request_id" in body
+
+
+def test_pins_that_fill_the_pool_make_requests_507_not_500(tmp_path, tiny_llama):
+    """Pins hold KV for good: once they leave a request no room, it is told so (507, naming the pins), as a pin
+    the pool cannot hold is, and not answered as a model failure; releasing them gives the room back."""
+    from serving_support import ServerProcess
+
+    proc = ServerProcess(tmp_path / "pins.log", ["--generate-only", "--generate-model", str(tiny_llama),
+                                                 "--generate-block-size", "4", "--generate-num-blocks", "24",
+                                                 "--generate-torch-threads", "1"])
+    server = proc.running()
+    try:
+        pins = []
+        while True:
+            r = requests.post(server.url + "/v1/pins", json={"text": f"pin number {len(pins)} holds this"}, timeout=30)
+            if r.status_code != 200:
+                break
+            pins.append(r.json()["id"])
+        assert r.status_code == 507 and pins, r.text
+        body = {"messages": MSG, "max_tokens": 8, "ignore_eos": True}
+        error = openai_error(requests.post(server.url + "/v1/chat/completions", json=body, timeout=30), 507, None,
+                             "insufficient_storage")
+        assert "pins hold" in error["message"], error
+        r = requests.post(server.url + "/generate", json={"text": "hello", "sampling_params": {
+            "max_new_tokens": 8, "ignore_eos": True}}, timeout=30)
+        assert r.status_code == 507 and r.json()["error"]["type"] == "insufficient_storage", r.text
+        for pin in pins:
+            assert requests.delete(server.url + f"/v1/pins/{pin}", timeout=30).status_code == 200
+        assert requests.post(server.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+    finally:
+        proc.stop()

@@ -94,6 +94,7 @@ def test_a_client_that_hangs_up_aborts_and_frees_its_blocks(gen, read_events):
     assert stats["running_requests"] == stats["waiting_requests"] == 0
     assert stats["free_blocks"] + stats["cached_blocks"] + pinned_blocks(gen) == stats["num_blocks"]
     assert stats["output_tokens"] - before["output_tokens"] < 512  # it was cut short, not run to the end
+    assert stats["output_tokens"] - before["output_tokens"] >= read_events  # what it streamed is counted
     assert stats["finished"]["completions"].get("abort", 0) > before["finished"].get("completions", {}).get("abort", 0)
 
 
@@ -139,3 +140,36 @@ def test_a_chat_extends_a_pinned_system_prompt(gen):
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == pin["tokens"]
     finally:
         requests.delete(gen.url + f"/v1/pins/{pin['id']}", timeout=10)
+
+
+def test_a_streaming_client_that_stops_reading_is_dropped_after_the_write_timeout(tmp_path, long_llama):
+    """It keeps its socket open and reads nothing. Once its receive window is full nothing more leaves the
+    server, and `--write-timeout-s` later the stream is aborted and its thread and blocks come back (the answer
+    it asked for, 4,000 tokens, would have run on for many seconds more)."""
+    from serving_support import GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, ServerProcess
+
+    proc = ServerProcess(tmp_path / "stall.log", ["--generate-only", "--generate-model", str(long_llama),
+                                                  *GEN_ENGINE_FLAGS, *LONG_LLAMA_BLOCKS, "--write-timeout-s", "1"])
+    server = proc.running()
+    try:
+        body = json.dumps({"prompt": "the quick brown fox", "max_tokens": 4000, "temperature": 0,
+                           "ignore_eos": True, "stream": True}).encode()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: it fills in a moment
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        started = time.monotonic()
+        stats = engine_stats(server)
+        while time.monotonic() - started < 30:
+            stats = engine_stats(server)
+            if stats["finished"].get("completions"):
+                break
+            time.sleep(0.2)
+        assert stats["finished"].get("completions") == {"abort": 1}, stats["finished"]
+        assert stats["running_requests"] == 0 and stats["free_blocks"] + stats["cached_blocks"] == stats["num_blocks"]
+        r = requests.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200  # served meanwhile, the unread socket still open
+        sock.close()
+    finally:
+        proc.stop()
