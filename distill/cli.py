@@ -100,6 +100,10 @@ def _bench(args: argparse.Namespace) -> int:
     from distill.latency import student_latency, teacher_latency
     from distill.runtime import Student
 
+    if args.singles < 1:
+        print(f"pagoda bench distill: error: --singles: expected a positive integer, got {args.singles}",
+              file=sys.stderr)
+        return 2
     path = Path(args.student)
     student = Student(path)
     if args.defer_to is not None and args.defer_below is None:

@@ -157,9 +157,13 @@ def _bench_constraints(args: argparse.Namespace) -> int:
     try:
         _check_positive(args, "steps", "new_tokens", "rounds", "threads")
         _check_model(args.model)
+        from generation.bench_constraints import CANDIDATES, compare_engines, run_decode
+
+        unknown = [n for n in args.engines.split(",") if n not in CANDIDATES]
+        if unknown:
+            raise UsageError(f"--engines: {unknown[0]!r} is not one of {', '.join(CANDIDATES)}")
     except UsageError as exc:
         return _fail("bench constraints", exc)
-    from generation.bench_constraints import compare_engines, run_decode
 
     results = {}
     if args.part in ("engines", "all"):

@@ -9,6 +9,7 @@ cannot drift from the API's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ def register(commands: Any, bench: Any) -> None:
     b.add_argument("--device", default="cpu")
     b.add_argument("--precision", default="exact,fast",
                    help="comma list of our precisions to time (exact, int8, bf16, fast)")
-    b.add_argument("--threads", type=int, default=1, help="intra-op threads of every runtime (the same for all)")
+    b.add_argument("--threads", type=positive_int, default=1, help="intra-op threads of every runtime (the same for all)")
     b.add_argument("--reference", default=None,
                    help="python of a venv with the official laya runtime, timed as the baseline (default: .refvenv)")
     b.add_argument("--cold", type=int, default=0, metavar="N",
@@ -55,7 +56,7 @@ def register(commands: Any, bench: Any) -> None:
     t.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16")
     t.add_argument("--steps", type=int, default=30, help="timed steps of 32 per run (after --warmup steps)")
     t.add_argument("--warmup", type=int, default=3)
-    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--threads", type=positive_int, default=2)
     t.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     t.add_argument("--model", default=None, help="finetune: checkpoint to start from (default: the embedded laya-mini)")
     t.set_defaults(func=_bench_train)
@@ -184,7 +185,7 @@ def _register_train(commands: Any) -> None:
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
     p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=positive_int)
     p.add_argument("--device", default=d.device)
     p.add_argument("--precision", default=d.precision,
                    help="fp32 (default) or bf16: the forward under bf16 autocast (a CPU with AMX or AVX512-BF16, "
@@ -250,7 +251,7 @@ def _register_mini(commands: Any) -> None:
     b.add_argument("--work", default="runs/laya-mini", help="scratch folder for --from-scratch")
     b.add_argument("--head-dir", help="where the trained head is read/written (default: the package's)")
     b.add_argument("--figures", help="where --from-scratch writes reliability PNGs (default: --work)")
-    b.add_argument("--threads", type=int)
+    b.add_argument("--threads", type=positive_int)
     b.add_argument("--device", default="cpu")
     b.add_argument("--precision", default="fp32", help="--from-scratch: fp32 (default) or bf16 autocast training")
     b.add_argument("--spec", help="JSON overrides of MiniSpec fields")
@@ -325,7 +326,7 @@ def _register_mini(commands: Any) -> None:
                         "does not spend it (judge runs with --tickets datasets/handwritten_tickets_dev.jsonl)")
     e.add_argument("--n", type=int, default=300, help="utterances per held-out intent set")
     e.add_argument("--out", default="runs/laya-mini-eval", help="folder for eval.json and eval.png")
-    e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--threads", type=positive_int, default=1)
     e.set_defaults(func=_mini_eval)
 
 
@@ -342,7 +343,7 @@ def _mini_build(args: argparse.Namespace) -> int:
     t = time.time()
     try:
         if args.from_scratch:
-            spec = mini.MiniSpec(**json.loads(args.spec)) if args.spec else mini.MiniSpec()
+            spec = _mini_spec(args.spec, mini.MiniSpec)
             work = Path(args.work)
             report = mini.build_from_scratch(spec, work, out, head_dir, Path(args.figures or work),
                                              args.threads, args.device, not args.no_assemble, args.precision)
@@ -356,6 +357,34 @@ def _mini_build(args: argparse.Namespace) -> int:
         print(f"pagoda laya-mini: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _mini_spec(text: str | None, cls: Any) -> Any:
+    """`--spec`: a JSON object of `MiniSpec` fields; anything else is one line naming the flag."""
+    if not text:
+        return cls()
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--spec: not valid JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"--spec: expected a JSON object of MiniSpec fields, got {type(overrides).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"--spec: {unknown[0]!r} is not a MiniSpec field (known: {', '.join(sorted(known))})")
+    return cls(**overrides)
+
+
+def positive_int(value: str) -> int:
+    """argparse's type for a count such as --threads (torch refuses 0 and less with a traceback)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
 
 
 def _int_flag(flag: str, value: str | None) -> int | None:

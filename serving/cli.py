@@ -117,6 +117,10 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         from serving.decide.bench import run_bench
 
+    if not args.seconds > 0 or not args.warmup >= 0:  # `not >`: NaN is refused too
+        flag, value = ("--seconds", args.seconds) if not args.seconds > 0 else ("--warmup", args.warmup)
+        print(f"pagoda bench serve: error: {flag}: expected a positive number of seconds, got {value}", file=sys.stderr)
+        return 2
     concurrency = args.concurrency or ("1,8,32" if args.generate else "1,4,16,32")
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]

@@ -12,7 +12,7 @@ from serving_support import REPO
 from serving.cli import main
 
 # argparse's own checks (type=int, choices) print the usage above their one error line
-ARGPARSE = {"--seed", "--cache-backend", "--part"}
+ARGPARSE = {"--seed", "--cache-backend", "--part", "--threads"}
 CASES = [
     # (argv, the flag the error line must name)
     (["generate", "-p", "hi", "--model", "/nonexistent"], "--model"),
@@ -35,6 +35,15 @@ CASES = [
     (["bench", "constraints", "--model", "/nonexistent"], "--model"),
     (["bench", "constraints", "--part", "everything"], "--part"),
     (["bench", "decide", "--precision", "fp4"], "--precision"),
+    (["bench", "decide", "--threads", "0"], "--threads"),
+    (["train", "--data", "x", "--init", "y", "--out", "z", "--threads", "-1"], "--threads"),
+    (["laya-mini", "eval", "--threads", "-1"], "--threads"),
+    (["laya-mini", "build", "--from-scratch", "--work", "/tmp/never", "--spec", '{"bogus": 1}'], "--spec"),
+    (["laya-mini", "build", "--from-scratch", "--work", "/tmp/never", "--spec", "[1]"], "--spec"),
+    (["laya-mini", "build", "--from-scratch", "--work", "/tmp/never", "--spec", "notjson"], "--spec"),
+    (["bench", "constraints", "--part", "engines", "--engines", "bogus"], "--engines"),
+    (["bench", "serve", "--seconds", "0"], "--seconds"),
+    (["bench", "distill", "--student", "models/students/support-triage", "--singles", "0"], "--singles"),
 ]
 
 
