@@ -104,6 +104,11 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"pagoda bench distill: error: --singles: expected a positive integer, got {args.singles}",
               file=sys.stderr)
         return 2
+    if args.teacher not in (None, "none", "default") and not (Path(args.teacher) / "rl_agent_config.json").is_file():
+        # named, it must be timed: a silently missing baseline row reads as a run without one
+        print(f"pagoda bench distill: error: --teacher: {args.teacher} is not a Laya checkpoint folder "
+              "(no rl_agent_config.json)", file=sys.stderr)
+        return 2
     path = Path(args.student)
     student = Student(path)
     if args.defer_to is not None and args.defer_below is None:

@@ -43,10 +43,22 @@ def load_model(path: str | Path | None) -> tuple[LlamaConfig, dict[str, torch.Te
 def _load_folder(folder: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
     from safetensors.torch import load_file
 
-    cfg_json = json.loads((folder / "config.json").read_text())
+    config = folder / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"EngineConfig.model: {folder} has no config.json")
+    try:
+        cfg_json = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"EngineConfig.model: {config} is not valid JSON: {exc}") from None
+    if not isinstance(cfg_json, dict):
+        raise ValueError(f"EngineConfig.model: {config} must hold a JSON object")
     arch = cfg_json.get("model_type")
     if arch not in ("llama", "mistral", "qwen2", None):
         raise ValueError(f"EngineConfig.model: config.json model_type={arch!r} is not a Llama-family model")
+    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads") if k not in cfg_json]
+    if missing:
+        raise ValueError(f"EngineConfig.model: {config} lacks {', '.join(missing)}")
     cfg = LlamaConfig.from_hf(cfg_json)
     files = sorted(folder.glob("*.safetensors"))
     if not files:

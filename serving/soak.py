@@ -52,8 +52,16 @@ def run(args, out: TextIO | None = None) -> int:
 
     from serving.bench import ServerProcess
     out = out or sys.stdout
-    if args.clients < 1 or args.slow < 0 or args.minutes <= 0:
-        raise SystemExit("bench soak: --clients must be positive, --slow not negative, --minutes positive")
+    for flag, ok, want in (("--clients", args.clients >= 1, "a positive count"),
+                           ("--slow", args.slow >= 0, "a count >= 0"),
+                           ("--minutes", args.minutes > 0, "a positive number"),
+                           ("--generate-every", args.generate_every >= 0, "a count >= 0 (0: decisions only)"),
+                           ("--new-tokens", args.new_tokens >= 1, "a positive count"),
+                           ("--sample-s", args.sample_s > 0, "a positive number of seconds")):
+        if not ok:
+            print(f"pagoda bench soak: error: {flag}: expected {want}, got {getattr(args, flag[2:].replace('-', '_'))}",
+                  file=sys.stderr)
+            return 2
     flags = ["--torch-threads", str(args.torch_threads), "--threads", str(max(64, 2 * args.clients))]
     for flag, value in (("--model", args.model), ("--generate-model", args.generate_model)):
         if value is not None:

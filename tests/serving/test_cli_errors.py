@@ -43,7 +43,12 @@ CASES = [
     (["laya-mini", "build", "--from-scratch", "--work", "/tmp/never", "--spec", "notjson"], "--spec"),
     (["bench", "constraints", "--part", "engines", "--engines", "bogus"], "--engines"),
     (["bench", "serve", "--seconds", "0"], "--seconds"),
+    (["bench", "soak", "--minutes", "0"], "--minutes"),
+    (["bench", "soak", "--clients", "0"], "--clients"),
+    (["bench", "soak", "--new-tokens", "0"], "--new-tokens"),
+    (["bench", "soak", "--sample-s", "0"], "--sample-s"),
     (["bench", "distill", "--student", "models/students/support-triage", "--singles", "0"], "--singles"),
+    (["bench", "distill", "--student", "models/students/support-triage", "--teacher", "/nonexistent"], "--teacher"),
 ]
 
 
@@ -93,7 +98,7 @@ def test_bench_lang_bad_flags_name_the_flag(argv, capsys):
     assert err.strip().count("\n") == 0 and err.startswith(f"pagoda bench lang: error: {argv[0]}")
 
 
-def test_a_path_of_the_wrong_kind_is_one_line_not_a_traceback(tmp_path, capsys):
+def test_a_path_of_the_wrong_kind_is_one_line_not_a_traceback(tmp_path, capsys, tiny_llama):
     """A command that did not catch it itself: a folder given as a data file, a student folder that is none."""
     fixture = str(REPO / "tests" / "fixtures" / "laya" / "bert-tiny")
     assert main(["calibrate", "--model", fixture, "--data", str(tmp_path)]) == 2
@@ -102,3 +107,10 @@ def test_a_path_of_the_wrong_kind_is_one_line_not_a_traceback(tmp_path, capsys):
     assert main(["bench", "distill", "--student", str(tmp_path / "none"), "--teacher", "none"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pagoda bench distill: error: ") and "student.json" in err, err
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a model folder missing its geometry
+    assert main(["generate", "-p", "hi", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json lacks vocab_size" in err and len(err.splitlines()) == 1, err
+    assert main(["generate", "-p", "", "--raw", "--model", str(tiny_llama)]) == 2  # the engine's InvalidParam
+    err = capsys.readouterr().err
+    assert err.startswith("pagoda generate: error: prompt: empty") and len(err.splitlines()) == 1, err
