@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from generation.config import CACHE_BACKENDS
+from generation.config import CACHE_BACKENDS, device_problem
 from generation.lang import bench as lang_bench
 
 
@@ -138,6 +138,8 @@ def _bench(args: argparse.Namespace) -> int:
             raise UsageError(f"--parts: a subset of 'abc' (a shared prefix, b single stream, c warm TTFT), "
                              f"got {args.parts!r}")
         _check_model(args.model)
+        if problem := device_problem(args.device):  # before the model loads, not after
+            raise UsageError(f"--device: {problem}")
     except UsageError as exc:
         return _fail("bench generate", exc)
     from generation.bench import plot, run

@@ -117,6 +117,9 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         from serving.decide.bench import run_bench
 
+    if args.baseline_url and args.baseline_python:  # docs/benchmarks.md: one or the other
+        print("pagoda bench serve: error: --baseline-url: give it or --baseline-python, not both", file=sys.stderr)
+        return 2
     if not args.seconds > 0 or not args.warmup >= 0:  # `not >`: NaN is refused too
         flag, value = ("--seconds", args.seconds) if not args.seconds > 0 else ("--warmup", args.warmup)
         print(f"pagoda bench serve: error: {flag}: expected a positive number of seconds, got {value}", file=sys.stderr)

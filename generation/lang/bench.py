@@ -253,6 +253,10 @@ def _main(args: argparse.Namespace) -> int:
            for n in ("context_tokens", "branches", "new_tokens", "rounds", "threads") if getattr(args, n) < 1]
     if args.model is not None and not Path(args.model).exists():
         bad.append(f"--model: {args.model}: no such model folder or .gguf file")
+    if args.url is not None and args.no_http:
+        bad.append("--url: a server to compare over HTTP, and --no-http skips that comparison: give one")
+    elif args.url is not None and not args.url.startswith(("http://", "https://")):
+        bad.append(f"--url: expected http://HOST:PORT, got {args.url!r}")
     if bad:  # before any model loads: one line naming the flag, rc 2
         print(f"pagoda bench lang: error: {bad[0]}", file=sys.stderr)
         return 2
