@@ -79,6 +79,13 @@ def write_corpus(path: str | os.PathLike, n: int, seed: int = DEFAULT_SEED, *, n
 
     if not 0 <= truncated <= 1:
         raise ValueError(f"--truncated: must be in [0, 1], got {truncated!r}")
+    if n < 1 or n_utterances < 0:  # before any work (the sampler's own message names no flag)
+        raise ValueError(f"--tickets: must be >= 1, got {n}" if n < 1 else
+                         f"--utterances: must be >= 0, got {n_utterances}")
+    if variants and not handwritten:
+        raise ValueError("--handwritten-variants: copies of --handwritten texts, and no --handwritten file is given")
+    if Path(path).is_dir():
+        raise ValueError(f"--out: {path} is a folder; give the .jsonl file to write")
     rng = random.Random(seed + 1)
     rows = tickets.generate(n, seed=seed)
     cut = [first_sentence(t["text"]) for t in rows if rng.random() < truncated]
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         out = write_corpus(args.out, args.tickets, args.seed, n_utterances=args.utterances,
                            truncated=args.truncated, data=args.data, handwritten=args.handwritten,
                            variants=args.handwritten_variants)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # a folder given as --out, a file that is not UTF-8
         print(f"python -m distill.corpus: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out}")

@@ -118,6 +118,10 @@ class TrainConfig:
                 raise ValueError(f"train: {name} must be a positive integer, got {v!r}")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
             raise ValueError(f"train: max_steps must be a positive integer, got {self.max_steps!r}")
+        if self.encoder_layers is not None and (isinstance(self.encoder_layers, bool)
+                                                or not isinstance(self.encoder_layers, int) or self.encoder_layers < 1):
+            raise ValueError(f"train: encoder_layers must be a positive integer (or unset: all), "
+                             f"got {self.encoder_layers!r}")
         if not self.epochs > 0:
             raise ValueError(f"train: epochs must be > 0, got {self.epochs!r}")
         for name in ("lr", "encoder_lr", "weight_decay", "act_weight"):

@@ -10,7 +10,7 @@ from distill_support import ROOT, TASK
 
 from datasets import Dataset
 from distill import labels as L
-from distill.corpus import first_sentence, write_corpus
+from distill.corpus import first_sentence, main, write_corpus
 from distill.task import parse_task
 from laya.corpus import intents, tickets
 from laya.testing import write_intent_data
@@ -112,3 +112,20 @@ def test_several_handwritten_files_are_one_pool(shared, tmp_path):
     assert out.returncode == 0, out.stderr
     texts = {r["text"] for r in read(tmp_path / "p.jsonl") if r["source"] == "handwritten"}
     assert all(set(read_texts(f)) <= texts for f in files)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tickets", "0"], "--tickets: must be >= 1"),
+    (["--tickets", "5", "--utterances", "-1"], "--utterances: must be >= 0"),
+    (["--tickets", "5", "--handwritten-variants", "3"], "no --handwritten file"),
+])
+def test_corpus_flags_out_of_range_are_one_line_before_any_file(tmp_path, capsys, argv, words):
+    out = tmp_path / "c.jsonl"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.splitlines()) == 1 and not out.exists(), err
+
+
+def test_corpus_out_that_is_a_folder_leaves_nothing_behind(tmp_path, capsys):
+    assert main(["--tickets", "5", "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err and not tmp_path.with_suffix(".tmp").exists()
