@@ -198,15 +198,16 @@ def _train(args: argparse.Namespace) -> int:
     from laya.training.losses import LossWeights
     from laya.training.trainer import TrainConfig, train
 
-    cfg = TrainConfig(data=args.data, out=args.out, init=args.init, encoder=args.encoder,
-                      head_layers=args.head_layers, eval_data=args.eval_data, epochs=args.epochs,
-                      max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
-                      encoder_lr=args.encoder_lr, encoder_layers=args.encoder_layers,
-                      loss=LossWeights(1.0, args.spherical, args.rps), max_len=args.max_len,
-                      head_max_len=args.head_max_len, seed=args.seed, eval_every=args.eval_every,
-                      save_every=args.save_every, resume=args.resume, stop_at=args.stop_at, threads=args.threads,
-                      device=args.device, precision=args.precision)
     try:
+        out_folders(**{"--out": args.out})
+        cfg = TrainConfig(data=args.data, out=args.out, init=args.init, encoder=args.encoder,
+                          head_layers=args.head_layers, eval_data=args.eval_data, epochs=args.epochs,
+                          max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+                          encoder_lr=args.encoder_lr, encoder_layers=args.encoder_layers,
+                          loss=LossWeights(1.0, args.spherical, args.rps), max_len=args.max_len,
+                          head_max_len=args.head_max_len, seed=args.seed, eval_every=args.eval_every,
+                          save_every=args.save_every, resume=args.resume, stop_at=args.stop_at,
+                          threads=args.threads, device=args.device, precision=args.precision)
         summary = train(cfg, progress=not args.no_progress)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda train: error: {exc}", file=sys.stderr)
@@ -229,6 +230,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from laya.training.calibrate import calibrate
 
     try:
+        out_folders(**{"--out": args.out, "--report": args.report})
         fit, ev = calibrate(args.model, args.data, args.out, args.report, args.min_bucket)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda calibrate: error: {exc}", file=sys.stderr)
@@ -342,6 +344,7 @@ def _mini_build(args: argparse.Namespace) -> int:
         return 0
     t = time.time()
     try:
+        out_folders(**{"--out": args.out, "--head-dir": args.head_dir, "--work": args.work})
         if args.from_scratch:
             spec = _mini_spec(args.spec, mini.MiniSpec)
             work = Path(args.work)
@@ -374,6 +377,14 @@ def _mini_spec(text: str | None, cls: Any) -> Any:
     if unknown:
         raise ValueError(f"--spec: {unknown[0]!r} is not a MiniSpec field (known: {', '.join(sorted(known))})")
     return cls(**overrides)
+
+
+def out_folders(**flags: str | None) -> None:
+    """Output folders checked before any work: one given as a path to an existing file used to fail only when
+    the first thing was written there, at the end of a run."""
+    for flag, path in flags.items():
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            raise ValueError(f"{flag}: {path} is a file; give a folder to write into")
 
 
 def positive_int(value: str) -> int:
@@ -431,6 +442,7 @@ def _mini_finetune(args: argparse.Namespace) -> int:
     from laya.training.soup import soup
 
     try:
+        out_folders(**{"--out": args.out, "--head-dir": args.head_dir})
         if args.seed is not None and args.seeds is not None:
             raise ValueError("--seeds: give it or --seed, not both")
         seeds = None if args.seeds is None else [_int_flag("--seeds", x.strip()) for x in args.seeds.split(",")]
@@ -464,6 +476,7 @@ def _mini_soup(args: argparse.Namespace) -> int:
     from laya.training.soup import soup_checkpoints
 
     try:
+        out_folders(**{"--out": args.out, "--head-dir": args.head_dir})
         summary = soup_checkpoints([Path(m) for m in args.members], Path(args.out), args.head_dir)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pagoda laya-mini soup: error: {exc}", file=sys.stderr)
@@ -480,6 +493,7 @@ def _mini_eval(args: argparse.Namespace) -> int:
         print(f"pagoda laya-mini eval: error: --n must be a positive integer, got {args.n}", file=sys.stderr)
         return 2
     try:
+        out_folders(**{"--out": args.out})
         report = mini_eval.evaluate(args.model, Path(args.data), args.tickets, args.n, args.threads,
                                     Path(args.blind_tickets) if args.blind_tickets else None)
     except (ValueError, FileNotFoundError) as exc:

@@ -13,6 +13,7 @@ from serving.cli import main
 
 # argparse's own checks (type=int, choices) print the usage above their one error line
 ARGPARSE = {"--seed", "--cache-backend", "--part", "--threads"}
+README = str(REPO / "README.md")  # a file where a folder goes
 CASES = [
     # (argv, the flag the error line must name)
     (["generate", "-p", "hi", "--model", "/nonexistent"], "--model"),
@@ -46,6 +47,12 @@ CASES = [
     (["bench", "serve", "--generate", "--baseline-url", "http://x", "--baseline-python", "/usr/bin/python3"],
      "--baseline-url"),
     (["bench", "generate", "--device", "bogus"], "--device"),
+    (["train", "--data", "x", "--init", "y", "--out", README], "--out"),
+    (["calibrate", "--model", "x", "--data", "y", "--report", README], "--report"),
+    (["laya-mini", "finetune", "--init", "x", "--out", README], "--out"),
+    (["laya-mini", "soup", "--members", "a", "b", "--out", README], "--out"),
+    (["laya-mini", "eval", "--out", README], "--out"),
+    (["laya-mini", "build", "--from-scratch", "--work", README], "--work"),
     (["bench", "lang", "--url", "notaurl"], "--url"),
     (["bench", "lang", "--url", "http://127.0.0.1:9", "--no-http"], "--url"),
     (["bench", "soak", "--minutes", "0"], "--minutes"),
