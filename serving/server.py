@@ -471,7 +471,7 @@ class Front:
 
         def send(*events: h11.Event) -> None:
             future = asyncio.run_coroutine_threadsafe(self._send(conn, writer, events), self.loop)
-            stall.check(future.result())
+            stall.check(*future.result())
 
         response = None
         sent_head = False
@@ -519,16 +519,19 @@ class Front:
             out.append((b"connection", b"close"))
         return h11.Response(status_code=int(status.split(" ", 1)[0]), headers=out, reason=status[4:].encode())
 
-    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, events) -> int:
-        """Write the events; returns the bytes written and not yet taken by the client (`_Stall` reads it)."""
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, events) -> tuple[int, int]:
+        """Write the events; returns (bytes written now, bytes written so far not yet taken by the client), which
+        `_Stall` reads."""
         if writer.is_closing():
             raise ConnectionResetError
+        written = 0
         for event in events:
             data = conn.send(event)
             if data:
                 writer.write(data)
+                written += len(data)
         await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
-        return writer.transport.get_write_buffer_size() + _kernel_unsent(writer)
+        return written, writer.transport.get_write_buffer_size() + _kernel_unsent(writer)
 
     def _environ(self, head: h11.Request, body: bytes, peer, local) -> dict:
         target = head.target.decode("latin-1")
@@ -594,19 +597,22 @@ class _Stall:
     """`--write-timeout-s` for a stream of small writes. `drain()` waits only once asyncio's buffer is full, and
     that fills only after the socket's kernel buffer (megabytes, autotuned): a streaming client that stops
     reading would hold its request thread and KV for the whole answer. So each write also asks how much is still
-    unsent; when that has not shrunk for the timeout, the client is taking none of it (its receive window is
-    full) and the request ends as a slow drain does (TimeoutError: the stream is closed and aborted)."""
+    unsent: the bytes the client has taken are those written less those. When they have not grown for the timeout
+    while some wait, the client is taking none (its receive window is full) and the request ends as a slow drain
+    does (TimeoutError: the stream is closed and aborted). A client that reads slowly keeps taking, and stays."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
-        self.pending = 0
+        self.written = self.taken = 0
         self.since = time.monotonic()
 
-    def check(self, pending: int) -> None:
+    def check(self, written: int, pending: int) -> None:
         now = time.monotonic()
-        if pending == 0 or pending < self.pending:
+        self.written += written
+        taken = self.written - pending
+        if pending == 0 or taken > self.taken:
             self.since = now
-        self.pending = pending
+        self.taken = max(self.taken, taken)
         if pending and now - self.since > self.timeout_s:
             raise TimeoutError(f"the client took none of {pending} bytes for {self.timeout_s:g}s")
 

@@ -467,3 +467,20 @@ def test_a_stream_is_closed_before_its_client_has_read_the_end():
         runner.join(10)
         front.pool.shutdown(wait=True)
         loop.close()
+
+
+def test_a_stream_reader_is_dropped_only_when_it_takes_nothing():
+    """`--write-timeout-s` for streams (`serving.server._Stall`): unsent bytes may grow while the client reads
+    slower than the server writes (it is still taking some, and stays); nothing taken for the timeout ends it."""
+    from serving.server import _Stall
+
+    stall = _Stall(0.05)
+    stall.check(100, 100)             # written, nothing taken yet
+    time.sleep(0.06)
+    stall.check(100, 150)             # 50 taken: a slow reader, not a stalled one
+    time.sleep(0.06)
+    with pytest.raises(TimeoutError, match="took none"):
+        stall.check(100, 250)         # nothing more taken for longer than the timeout
+    fresh = _Stall(0.05)
+    time.sleep(0.06)
+    fresh.check(100, 0)               # all taken: never a stall
