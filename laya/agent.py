@@ -22,7 +22,7 @@ from laya import answers
 from laya.calibration import Temperatures
 from laya.config import LayaConfig
 from laya.engine import Engine, RowOutput
-from laya.errors import InputError
+from laya.errors import InputError, in_batch
 from laya.layout import read_parts
 from laya.lru import ByteLRU
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
@@ -149,11 +149,9 @@ class Agent:
         try:
             return self.prepare(state, questions, **kwargs)
         except InputError as exc:
-            if exc.field != "state" or exc.question is not None:
+            if exc.path != "state":
                 raise
-            message = str(exc)
-            raise InputError(f"states[{i}]{message.removeprefix('state')}" if message.startswith("state") else
-                             f"states[{i}]: {message}", field=f"states[{i}]") from None
+            raise in_batch(exc, i) from None
 
     def predict_batch(self, states: list[Any], questions: Any, *, batch_size: int = 32,
                       sort_by_length: bool = True, **kwargs: Any) -> list[dict[str, Any]]:

@@ -34,6 +34,13 @@ class InputError(ValueError):
         return f"questions.{self.question}.{self.field}" if self.field else f"questions.{self.question}"
 
 
+def in_batch(exc: InputError, i: int) -> InputError:
+    """A state's own mistake (path `state`) as a batch must say it: `states[i]`, or no one knows which state."""
+    message = str(exc)
+    return InputError(f"states[{i}]{message.removeprefix('state')}" if message.startswith("state") else
+                      f"states[{i}]: {message}", field=f"states[{i}]")
+
+
 def question_error(name: object, field: str, message: str, at: str | None = None) -> InputError:
     """The one message format for a question's field: `question 'q': field 'f': ...`."""
     return InputError(f"question {name!r}: field {field!r}: {message}", field=field,

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from laya.errors import InputError
+from laya.errors import InputError, in_batch
 from serving.decide.batcher import Batcher, BatchLimits, DeadlineExceeded, ModelError, QueueFull
 from serving.decide.config import DecideConfig
 from serving.decide.metrics import DecideMetrics
@@ -76,7 +76,7 @@ class Service:
                     units.append(backend.prepare(state, req.questions, req.budgets))
                 except InputError as exc:
                     if batch and exc.path == "state":
-                        raise InputError(str(exc), field=f"states[{i}]") from None
+                        raise in_batch(exc, i) from None
                     raise
                 costs.append(backend.cost(units[-1]))
                 tokens += costs[-1][0] * costs[-1][1]
