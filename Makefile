@@ -8,7 +8,8 @@ REFVENV := .refvenv
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint serve example fixtures clean student model model-scratch model-finetune sglvenv llamavenv
+.PHONY: install test lint serve example fixtures clean student model model-scratch model-finetune sglvenv llamavenv \
+  llama-server
 
 install: $(VENV)/.installed
 
@@ -106,13 +107,31 @@ $(SGLVENV)/bin/python:
 	$(SGLVENV)/bin/pip install -q numpy orjson psutil pybase64 requests packaging triton pillow starlette \
 	  msgspec pydantic zmq tqdm ipython aiohttp
 
-# llama-cpp-python's OpenAI-compatible server, the optional baseline of `pagoda bench serve --generate`
-# (builds llama.cpp from source: ~6 minutes of 2 idle cores): make llamavenv, then
-# pagoda bench serve --generate --baseline-python .llamavenv/bin/python
+# The generation benchmark's llama.cpp peers (docs/benchmarks.md, Generation over HTTP), neither part of the project:
+# llama.cpp's own llama-server (continuous batching over one slot per client), built from the llama.cpp that
+# llama-cpp-python's sdist vendors (~4 minutes of 2 idle cores), and llama-cpp-python's OpenAI server (~6 minutes):
+# make llama-server llamavenv, then pagoda bench serve --generate --baseline-server .llamaserver/bin/llama-server
+# --baseline-python .llamavenv/bin/python. Where the CPU reports AMX, ggml's AMX kernels are compiled out: on the
+# KVM guests here they die on their first tile instruction (SIGILL in tinygemm_kernel_amx on the Q4_1 GGUF).
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_NO_AMX := $(if $(shell grep -m1 -ow amx_tile /proc/cpuinfo 2>/dev/null),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+LLAMA_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release "-DCMAKE_C_FLAGS=$(LLAMA_NO_AMX)" "-DCMAKE_CXX_FLAGS=$(LLAMA_NO_AMX)"
+llama-server: .llamaserver/bin/llama-server
+.llamaserver/bin/llama-server:
+	rm -rf .llamaserver && mkdir -p .llamaserver/src .llamaserver/bin
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d .llamaserver/src
+	tar -xzf .llamaserver/src/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C .llamaserver/src
+	cmake -S .llamaserver/src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp -B .llamaserver/build \
+	  $(LLAMA_CMAKE_FLAGS) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+	  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+	cmake --build .llamaserver/build --target llama-server -j $$(nproc)
+	ln -sf ../build/bin/llama-server .llamaserver/bin/llama-server
+
 llamavenv: .llamavenv/bin/python
 .llamavenv/bin/python:
 	$(PYTHON) -m venv .llamavenv
-	CMAKE_BUILD_PARALLEL_LEVEL=2 .llamavenv/bin/pip install -q 'llama-cpp-python[server]==0.3.36'
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS='$(LLAMA_CMAKE_FLAGS)' \
+	  .llamavenv/bin/pip install -q --no-cache-dir 'llama-cpp-python[server]==$(LLAMA_CPP_PYTHON)'
 
 $(REFVENV)/bin/python:
 	$(PYTHON) -m venv $(REFVENV)

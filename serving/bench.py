@@ -80,24 +80,35 @@ class Window:
 
 
 def run_clients(call: Callable[[requests.Session, int, int], Any], clients: int, warmup: float,
-                seconds: float) -> Window:
+                seconds: float, warm_each: bool = False) -> Window:
     """`clients` threads, one keep-alive session each, each calling `call(session, client, i)` the moment its
-    last call returned (None or an exception is a failure), until `warmup + seconds` have passed."""
+    last call returned (None or an exception is a failure), until `warmup + seconds` have passed.
+
+    `warm_each`: every client first makes one unmeasured call and the clock starts when all have, so a server
+    whose caches are per connection or per slot (llama.cpp's) is measured warm, as ours is."""
     calls: list[list[tuple[float, Any]]] = [[] for _ in range(clients)]
-    t_measure = time.monotonic() + warmup
-    t_end = t_measure + seconds
+    clock: dict[str, float] = {}
+    ready = threading.Barrier(clients, action=lambda: clock.update(
+        measure=time.monotonic() + warmup, end=time.monotonic() + warmup + seconds))
 
     def client(c: int) -> None:
         i = 0
         with requests.Session() as session:
-            while time.monotonic() < t_end:
+            if warm_each:
+                try:
+                    call(session, c, i)
+                except requests.RequestException:
+                    pass
+                i += 1
+            ready.wait()
+            while time.monotonic() < clock["end"]:
                 try:
                     result = call(session, c, i)
                 except requests.RequestException:
                     result = None
                 i += 1
                 ended = time.monotonic()
-                if ended >= t_measure:
+                if ended >= clock["measure"]:
                     calls[c].append((ended, result))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -105,7 +116,7 @@ def run_clients(call: Callable[[requests.Session, int, int], Any], clients: int,
         t.start()
     for t in threads:
         t.join()
-    return Window(t_measure, t_end, [x for per in calls for x in per])
+    return Window(clock["measure"], clock["end"], [x for per in calls for x in per])
 
 
 def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, warmup: float, seconds: float) -> dict:

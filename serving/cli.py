@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 
+from generation.config import DTYPES
 from serving.config import ServeConfig
 
 COMMAND_MODULES = (
@@ -85,14 +86,17 @@ def register(commands, bench) -> None:
     b.add_argument("--plot", default=None, help="write a PNG of decisions/s by concurrency here")
     g = b.add_argument_group("--generate")
     g.add_argument("--generate-model", default=None, help="HF folder or .gguf (default: the embedded SmolLM2)")
+    g.add_argument("--generate-dtype", default="float32", choices=DTYPES,
+                   help="compute dtype of our engine and of transformers (llama.cpp reads the GGUF's own types)")
     g.add_argument("--prefix-tokens", type=int, default=300, help="tokens of the system prompt every request shares")
     g.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
     g.add_argument("--hf-rounds", type=int, default=2, help="timed transformers batches per concurrency")
     g.add_argument("--single-rounds", type=int, default=5, help="alternating HTTP / in-process single-stream rounds")
-    g.add_argument("--baseline-url", default=None, help="an OpenAI-compatible server to compare with "
-                                                        "(llama-cpp-python's, on the same GGUF)")
-    g.add_argument("--baseline-python", default=None, help="a python with llama-cpp-python[server]: the bench "
-                                                           "starts its server on the same GGUF itself")
+    g.add_argument("--baseline-server", default=None, help="llama.cpp's llama-server binary (make llama-server): "
+                                                           "the bench starts it on the same GGUF, one slot per client")
+    g.add_argument("--baseline-python", default=None, help="a python with llama-cpp-python[server] (make llamavenv): "
+                                                           "the bench starts its server on the same GGUF")
+    g.add_argument("--baseline-url", default=None, help="a running OpenAI-compatible server on the same model")
     b.set_defaults(func=_bench)
 
 
@@ -117,9 +121,11 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         from serving.decide.bench import run_bench
 
-    if args.baseline_url and args.baseline_python:  # docs/benchmarks.md: one or the other
-        print("pagoda bench serve: error: --baseline-url: give it or --baseline-python, not both", file=sys.stderr)
-        return 2
+    for flag, value in (("--baseline-server", args.baseline_server), ("--baseline-python", args.baseline_python),
+                        ("--reference", args.reference)):
+        if value and not (os.path.isfile(value) and os.access(value, os.X_OK)):  # before the model loads
+            print(f"pagoda bench serve: error: {flag}: {value} is not an executable file", file=sys.stderr)
+            return 2
     if not args.seconds > 0 or not args.warmup >= 0:  # `not >`: NaN is refused too
         flag, value = ("--seconds", args.seconds) if not args.seconds > 0 else ("--warmup", args.warmup)
         print(f"pagoda bench serve: error: {flag}: expected a positive number of seconds, got {value}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`pagoda bench serve --generate`: closed-loop streaming chat clients against `pagoda serve`, with
-transformers `generate` (always) and optionally llama-cpp-python's OpenAI server on the same GGUF as
-baselines measured in the same run.
+transformers `generate` (always) and optionally llama.cpp's own `llama-server` and llama-cpp-python's
+OpenAI server on the same GGUF as baselines measured in the same run.
 
 The workload is the issue's: every chat request shares a ~300-token system prompt and asks its own
 question, 32 new tokens. At each concurrency N clients send the next request the moment their last stream
@@ -14,8 +14,11 @@ transformers has no server: its figure is what one static batch of N requests (l
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -42,9 +45,12 @@ def stream_chat(session: requests.Session, url: str, body: dict) -> dict | None:
     """One streamed chat request: when it started, when each content chunk (a token) arrived, its usage."""
     started = time.monotonic()
     times, usage = [], None
-    with session.post(url + "/v1/chat/completions", json={**body, "stream": True,
-                                                          "stream_options": {"include_usage": True}},
-                      stream=True, timeout=600) as r:
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        response = session.post(url + "/v1/chat/completions", json=payload, stream=True, timeout=600)
+    except requests.ConnectionError:  # a keep-alive connection the server had closed: retried, as the openai SDK does
+        response = session.post(url + "/v1/chat/completions", json=payload, stream=True, timeout=600)
+    with response as r:
         if r.status_code != 200:
             return None
         for line in r.iter_lines():
@@ -60,21 +66,26 @@ def stream_chat(session: requests.Session, url: str, body: dict) -> dict | None:
 def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int, warmup: float, seconds: float,
                 extra: dict) -> dict:
     """`clients` closed-loop streaming chat clients. Throughput counts the tokens that arrived inside the
-    measured window (a request longer than the window still counts its share); TTFT is over the requests
-    whose first token arrived inside it, inter-token gaps over consecutive tokens both inside it."""
+    measured window (a request longer than the window still counts its share; a request's tokens are its
+    usage's, spread over its chunks); TTFT is over the requests whose first token arrived inside it,
+    inter-token gaps over consecutive chunks both inside it."""
     def body(c: int, i: int) -> dict:
         return {"model": model, "messages": messages(system, c, i), "max_tokens": new_tokens, "temperature": 0,
                 **extra}
 
-    with requests.Session() as session:  # one request first, so every level starts with the system prompt cached
-        stream_chat(session, url, body(clients, 0))
-    window = run_clients(lambda session, c, i: stream_chat(session, url, body(c, i + 1)), clients, warmup, seconds)
+    # Every client's first request is unmeasured: llama.cpp caches a prompt per slot, so only then does each
+    # of its slots hold the system prompt, as our one shared prefix cache does after the first request.
+    window = run_clients(lambda session, c, i: stream_chat(session, url, body(c, i)), clients, warmup, seconds,
+                         warm_each=True)
     runs = [r for _, r in window.calls if r is not None]
 
     def inside(t: float) -> bool:
         return window.start <= t <= window.end
 
-    tokens = sum(inside(t) for r in runs for t in r["times"])
+    def generated(r: dict) -> int:  # tokens, not chunks: a token with no text of its own (a special one) sends none
+        return (r["usage"] or {}).get("completion_tokens") or len(r["times"])
+
+    tokens = sum(sum(map(inside, r["times"])) * generated(r) / len(r["times"]) for r in runs if r["times"])
     ttft = [(r["times"][0] - r["started"]) * 1000 for r in runs if r["times"] and inside(r["times"][0])]
     gaps = [(b - a) * 1000 for r in runs for a, b in zip(r["times"], r["times"][1:]) if inside(a) and inside(b)]
     usages = [r["usage"] for r in runs if r["usage"]]
@@ -86,6 +97,7 @@ def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int
 
     return {"tok_s": tokens / seconds, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(gaps, 50),
             "hit": cached / prompt if prompt else float("nan"), "n": len(runs),
+            "per_request": float(np.mean([generated(r) for r in runs])) if runs else float("nan"),
             "errors": sum(r is None for _, r in window.calls)}
 
 
@@ -132,26 +144,77 @@ def hf_level(hf: Any, tokenizer: Any, system: str, clients: int, new_tokens: int
     per_round = total / rounds
     return {"tok_s": clients * new_tokens / per_round, "ttft_p50": ttft * 1000, "ttft_p99": ttft * 1000,
             "itl_p50": (per_round - ttft) / max(1, new_tokens - 1) * 1000, "hit": 0.0, "n": clients * rounds,
-            "errors": 0}
+            "per_request": float(new_tokens), "errors": 0}
 
 
-def start_llama_cpp(python: str, model: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-                             "--port", str(port), "--n_threads", str(threads), "--n_ctx", "4096"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+@dataclass
+class Baseline:
+    """A peer server measured on the same workload in the same run: one the bench started (its stderr kept,
+    so a crash is reported with its cause) or one already running at a URL."""
+
+    label: str
+    url: str
+    proc: subprocess.Popen | None = None
+    log: Any = field(default=None, repr=False)
+
+    def exited(self) -> str | None:
+        """Why the started server is gone, or None while it runs (or was not started here)."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        code = self.proc.returncode
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        self.log.seek(0)
+        lines = [ln for ln in self.log.read().decode(errors="replace").splitlines() if ln.strip()]
+        return f"{self.label} exited ({how})" + (f"; its last line: {lines[-1][-300:]}" if lines else "")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def start_baseline(label: str, cmd: list[str], port: int, ready_path: str) -> Baseline:
+    """Start `cmd` and wait until `ready_path` answers 200; RuntimeError saying why if it exits first or
+    does not answer within 300 s."""
+    log = tempfile.TemporaryFile()
+    peer = Baseline(label, f"http://127.0.0.1:{port}",
+                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log), log)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("bench serve: the llama-cpp-python server exited")
+        if why := peer.exited():
+            raise RuntimeError(why)
         try:
-            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
-                return proc, url
+            if requests.get(peer.url + ready_path, timeout=5).status_code == 200:
+                return peer
         except requests.RequestException:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("bench serve: the llama-cpp-python server did not start within 300 s")
+            pass
+        time.sleep(0.5)
+    peer.stop()
+    raise RuntimeError(f"{label} did not start within 300 s")
+
+
+def start_llama_server(binary: str, model: Path, threads: int, slots: int, slot_tokens: int) -> Baseline:
+    """llama.cpp's own server: one slot per client of the top level, so it batches them all (continuous
+    batching is its default), each slot room for one request's prompt and answer."""
+    port = free_port()
+    return start_baseline("llama.cpp", [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                        "--threads", str(threads), "--threads-batch", str(threads),
+                                        "--parallel", str(slots), "--ctx-size", str(slots * slot_tokens)],
+                          port, "/health")
+
+
+def start_llama_cpp_python(python: str, model: Path, threads: int) -> Baseline:
+    """llama-cpp-python's OpenAI server: one model, requests served one at a time. By default a new request
+    interrupts the stream in progress, so concurrent clients would cut each other off with no tokens; here
+    they queue, which is the only way it serves more than one client."""
+    port = free_port()
+    return start_baseline("llama-cpp-python", [python, "-m", "llama_cpp.server", "--model", str(model),
+                                               "--host", "127.0.0.1", "--port", str(port), "--n_threads",
+                                               str(threads), "--n_ctx", "4096", "--interrupt_requests", "false"],
+                          port, "/v1/models")
 
 
 def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
@@ -165,16 +228,18 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     threads = args.torch_threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     path = Path(args.generate_model) if args.generate_model else default_model_path()
-    engine = Engine(EngineConfig(model=str(path)))
+    engine = Engine(EngineConfig(model=str(path), dtype=args.generate_dtype))
     system = system_prompt(engine.tokenizer, args.prefix_tokens)
     prompt_tokens = len(engine.tokenizer.encode(engine.apply_chat_template(messages(system, 0, 0))))
     print(f"model {path.name}; {prompt_tokens}-token chat prompts ({len(engine.tokenizer.encode(system))}-token "
-          f"shared system prompt), {args.new_tokens} new tokens; torch threads {threads}; "
+          f"shared system prompt), {args.new_tokens} new tokens; {args.generate_dtype} (pagoda and transformers); "
+          f"torch threads {threads}; "
           f"{args.seconds:g}s per level after {args.warmup:g}s warm-up", file=out, flush=True)
     rows: dict[str, dict[int, dict]] = {}
 
     tokenizer = engine.tokenizer
     server = ServerProcess(["--generate-only", "--generate-model", str(path), "--generate-torch-threads", str(threads),
+                            "--generate-dtype", args.generate_dtype,
                             "--threads", str(2 * max(levels) + 8), "--generate-threads", str(2 * max(levels))])
     try:
         server.wait_ready()
@@ -190,23 +255,26 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     finally:
         server.stop()
 
-    baseline_proc = None
-    url = args.baseline_url
-    if url is None and args.baseline_python:
-        baseline_proc, url = start_llama_cpp(args.baseline_python, path, threads)
-    if url:
+    starts = []
+    if args.baseline_server:
+        slot = -(-(prompt_tokens + args.new_tokens + 64) // 256) * 256
+        starts.append(lambda: start_llama_server(args.baseline_server, path, threads, max(levels), slot))
+    if args.baseline_python:
+        starts.append(lambda: start_llama_cpp_python(args.baseline_python, path, threads))
+    if args.baseline_url:
+        starts.append(lambda: Baseline(args.baseline_url, args.baseline_url.rstrip("/")))
+    for start in starts:
         try:
-            name = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-            rows["llama.cpp"] = {}
-            for clients in levels:
-                rows["llama.cpp"][clients] = _report("llama.cpp", clients, stream_loop(
-                    url, name, system, args.new_tokens, clients, args.warmup, args.seconds, {}), out)
+            peer = start()
+        except RuntimeError as exc:  # reported, and the figures of the others still print
+            print(f"baseline not measured: {exc}", file=out, flush=True)
+            continue
+        try:
+            rows[peer.label] = _measure_baseline(peer, system, args, levels, out)
         finally:
-            if baseline_proc is not None:
-                baseline_proc.terminate()
-                baseline_proc.wait(timeout=60)
+            peer.stop()
 
-    hf = hf_reference(path, torch.float32)
+    hf = hf_reference(path, getattr(torch, args.generate_dtype))
     hf.generation_config.eos_token_id = None
     rows["transformers"] = {}
     for clients in levels:
@@ -217,32 +285,57 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     return 0
 
 
+def _measure_baseline(peer: Baseline, system: str, args: Any, levels: list[int], out: TextIO) -> dict[int, dict]:
+    """Every level on one peer, asking it to ignore EOS as ours does (llama.cpp honours `ignore_eos`), so
+    both sides generate the same number of tokens. A peer that dies is reported with its cause and its
+    remaining levels are left out, so the figures measured before it still print."""
+    try:
+        name = requests.get(peer.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
+        print(f"{peer.label:>16}: not measured: GET /v1/models failed: {exc}", file=out, flush=True)
+        return {}
+    got: dict[int, dict] = {}
+    for clients in levels:
+        stats = stream_loop(peer.url, name, system, args.new_tokens, clients, args.warmup, args.seconds,
+                            {"ignore_eos": True})
+        if why := peer.exited():
+            print(f"{peer.label:>16} clients {clients:>3}: not measured: {why}", file=out, flush=True)
+            break
+        got[clients] = _report(peer.label, clients, stats, out)
+    return got
+
+
 def _report(label: str, clients: int, stats: dict, out: TextIO) -> dict:
-    print(f"{label:>12} clients {clients:>3}: {stats['tok_s']:8.1f} output tok/s  TTFT p50 {stats['ttft_p50']:7.1f} ms "
+    print(f"{label:>16} clients {clients:>3}: {stats['tok_s']:8.1f} output tok/s  TTFT p50 {stats['ttft_p50']:7.1f} ms "
           f"p99 {stats['ttft_p99']:7.1f} ms  ITL p50 {stats['itl_p50']:6.1f} ms  cache hit {stats['hit']:.2f}  "
-          f"({stats['n']} requests, {stats['errors']} errors)", file=out, flush=True)
+          f"{stats['per_request']:.1f} tokens/request  ({stats['n']} requests, {stats['errors']} errors)",
+          file=out, flush=True)
     return stats
 
 
 def _table(rows: dict[str, dict[int, dict]], levels: list[int], single: float, decode: float, out: TextIO) -> None:
     ours = rows["pagoda"]
+    peers = [label for label in rows if label not in ("pagoda", "transformers")]
     heads = ["clients", "pagoda tok/s", "TTFT p50/p99 ms", "ITL p50 ms", "cache hit", "vs transformers"]
-    if "llama.cpp" in rows:
-        heads += ["llama.cpp tok/s", "vs llama.cpp"]
+    for label in peers:
+        heads += [f"{label} tok/s", f"vs {label}"]
     print("\n| " + " | ".join(heads) + " |", file=out)
     print("|" + "---:|" * len(heads), file=out)
     for c in levels:
         a, hf = ours[c], rows["transformers"][c]
         cells = [str(c), f"{a['tok_s']:.1f}", f"{a['ttft_p50']:.0f} / {a['ttft_p99']:.0f}", f"{a['itl_p50']:.1f}",
                  f"{a['hit']:.2f}", f"{a['tok_s'] / hf['tok_s']:.2f}x"]
-        if "llama.cpp" in rows:
-            lc = rows["llama.cpp"][c]
-            cells += [f"{lc['tok_s']:.1f}", f"{a['tok_s'] / lc['tok_s']:.2f}x" if lc["tok_s"] else "n/a"]
+        for label in peers:
+            peer = rows[label].get(c)
+            cells += ([f"{peer['tok_s']:.1f}", f"{a['tok_s'] / peer['tok_s']:.2f}x" if peer["tok_s"] else "n/a"]
+                      if peer else ["failed", "n/a"])
         print("| " + " | ".join(cells) + " |", file=out)
     print(f"\none HTTP client decodes at {single:.0%} of the in-process single-stream rate ({decode:.1f} tok/s; "
           "goal >= 95%)", file=out)
     top = max(levels)
     goals = [f"{top} clients vs transformers {ours[top]['tok_s'] / rows['transformers'][top]['tok_s']:.2f}x (goal >= 3x)"]
-    if "llama.cpp" in rows and rows["llama.cpp"][top]["tok_s"]:
-        goals.append(f"vs llama.cpp {ours[top]['tok_s'] / rows['llama.cpp'][top]['tok_s']:.2f}x (goal >= 1.5x)")
+    for label in peers:
+        if (peer := rows[label].get(top)) and peer["tok_s"]:
+            goal = " (goal >= 1.5x)" if label.startswith("llama") else ""
+            goals.append(f"vs {label} {ours[top]['tok_s'] / peer['tok_s']:.2f}x{goal}")
     print("; ".join(goals), file=out)
