@@ -28,7 +28,8 @@ class GenerateConfig(Settings):
     only: bool = option(False, "serve generation only (no decision model)")
     name: str | None = option(None, "model id clients send and /v1/models lists (default: the file or folder name)")
     device: str = option("cpu", "torch device for the LLM (cpu, cuda, cuda:1)")
-    dtype: str = option("float32", f"LLM compute dtype, one of {', '.join(DTYPES)}")
+    dtype: str = option("float32", f"LLM compute dtype, one of {', '.join(DTYPES)}; only float32 keeps greedy "
+                                   "tokens independent of what shares the batch (docs/generation.md)")
     torch_threads: int = option(0, "torch intra-op threads of the engine thread (0: torch's default)", minimum=0)
     cache_backend: str = option("radix", f"prefix cache, one of {', '.join(CACHE_BACKENDS)}")
     scheduling: str = option("fcfs", f"order waiting requests are admitted in, one of {', '.join(SCHEDULING_ORDERS)}")
