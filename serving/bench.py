@@ -129,3 +129,26 @@ def closed_loop(url: str, body_for: Callable[[int, int], dict], clients: int, wa
     flat, errors = run_clients(call, clients, warmup, seconds).inside()
     p50, p99 = np.percentile(flat, [50, 99]) if flat else (float("nan"), float("nan"))
     return {"rps": len(flat) / seconds, "p50": float(p50), "p99": float(p99), "n": len(flat), "errors": errors}
+
+
+def plot_by_clients(path: str, levels: list[int], panels: list[tuple[str, str, dict[str, dict[int, float]]]]) -> None:
+    """One panel per (title, y label, {side: {clients: value}}), sides as lines over the client counts; a side
+    missing a level (a peer that died) is drawn over the levels it has."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5))
+    for ax, (title, ylabel, sides) in zip(np.atleast_1d(axes), panels):
+        for label, by_level in sides.items():
+            xs = [c for c in levels if c in by_level]
+            ax.plot(xs, [by_level[c] for c in xs], marker="o", label=label)
+        ax.set(xlabel="concurrent clients", ylabel=ylabel, xscale="log", title=title)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

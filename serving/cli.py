@@ -83,7 +83,7 @@ def register(commands, bench) -> None:
     b.add_argument("--reference", default=None,
                    help="python of a venv with laya[serve]==0.4.15: its laya-serve is measured on the same checkpoint "
                         "(default: .refvenv's when it has one)")
-    b.add_argument("--plot", default=None, help="write a PNG of decisions/s by concurrency here")
+    b.add_argument("--plot", default=None, help="write a PNG of throughput and latency by concurrency here")
     g = b.add_argument_group("--generate")
     g.add_argument("--generate-model", default=None, help="HF folder or .gguf (default: the embedded SmolLM2)")
     g.add_argument("--generate-dtype", default="float32", choices=DTYPES,

@@ -24,7 +24,7 @@ from typing import TextIO
 
 import requests
 
-from serving.bench import ServerProcess, closed_loop, free_port
+from serving.bench import ServerProcess, closed_loop, free_port, plot_by_clients
 from serving.decide.config import SHIPPED_PRESETS
 
 STATES = [
@@ -174,7 +174,9 @@ def run_bench(args, levels: list[int], out: TextIO) -> int:
             print(f"| {c} | {name} | {r['rps']:.2f} | {r['p50']:.0f} | {r['p99']:.0f} | {ratio(r['rps'], off[c]['rps'])} "
                   f"| {ratio(r['rps'], ref[c]['rps']) if ref else '-'} | {r['rows']:.1f} |", file=out)
     if args.plot:
-        _plot(levels, results, Path(args.plot))
+        plot_by_clients(args.plot, levels, [
+            ("throughput", "requests / s", {k: {c: v[c]["rps"] for c in v} for k, v in results.items()}),
+            ("tail latency", "p99 latency (ms)", {k: {c: v[c]["p99"] for c in v} for k, v in results.items()})])
         print(f"plot: {args.plot}", file=out)
     return 0
 
@@ -206,24 +208,3 @@ def _model_ceiling(args, clients: int) -> str:
     return (f"model-level ceiling ({agent.plan.precision}): {clients} requests' rows in one forward take "
             f"{together * 1000:.0f} ms vs {one * 1000:.0f} ms one request at a time ({one / together:.2f}x): no "
             f"batcher can gain more on this model and machine")
-
-
-def _plot(levels: list[int], results: dict[str, dict[int, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for label, data in results.items():
-        ax1.plot(levels, [data[c]["rps"] for c in levels], marker="o", label=label)
-        ax2.plot(levels, [data[c]["p99"] for c in levels], marker="o", label=label)
-    ax1.set(xlabel="concurrent clients", ylabel="requests / s", xscale="log", title="throughput")
-    ax2.set(xlabel="concurrent clients", ylabel="p99 latency (ms)", xscale="log", title="tail latency")
-    for ax in (ax1, ax2):
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)

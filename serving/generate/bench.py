@@ -26,7 +26,7 @@ import numpy as np
 import requests
 
 from generation.bench import QUESTIONS, SYSTEM_SENTENCE
-from serving.bench import ServerProcess, free_port, run_clients
+from serving.bench import ServerProcess, free_port, plot_by_clients, run_clients
 
 
 def system_prompt(tokenizer: Any, tokens: int) -> str:
@@ -282,6 +282,11 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
             hf, tokenizer, system, clients, args.new_tokens, args.hf_rounds), out)
 
     _table(rows, levels, single, decode, out)
+    if args.plot:
+        plot_by_clients(args.plot, levels, [
+            ("throughput", "output tokens / s", {k: {c: v[c]["tok_s"] for c in v} for k, v in rows.items()}),
+            ("time to first token", "TTFT p50 (ms)", {k: {c: v[c]["ttft_p50"] for c in v} for k, v in rows.items()})])
+        print(f"plot: {args.plot}", file=out)
     return 0
 
 

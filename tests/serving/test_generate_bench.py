@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.bench import free_port, run_clients
+from serving.bench import free_port, plot_by_clients, run_clients
 from serving.generate.bench import _measure_baseline, start_baseline
 
 PEER = textwrap.dedent('''
@@ -116,3 +116,11 @@ def test_warm_each_starts_the_clock_after_every_client_has_made_one_call():
     assert len(firsts) == 3 and window.start >= max(firsts)
     assert all(i >= 1 for _, i in window.calls)  # no warm-up call is measured
     assert {c for c, i, _ in seen if i >= 1} == {0, 1, 2}
+
+
+def test_the_plot_draws_a_peer_that_died_over_the_levels_it_has(tmp_path):
+    path = tmp_path / "sub" / "generate.png"
+    plot_by_clients(str(path), [1, 8, 32], [
+        ("throughput", "output tokens / s", {"pagoda": {1: 18.0, 8: 58.0, 32: 150.0}, "llama.cpp": {1: 31.0}}),
+        ("time to first token", "TTFT p50 (ms)", {"pagoda": {1: 124.0, 8: 404.0, 32: 1019.0}, "llama.cpp": {1: 255.0}})])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
