@@ -31,7 +31,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`pagoda serve FLAGS` on a free loopback port, its stderr kept for the error when it dies."""
+    """`pagoda serve FLAGS` on a free loopback port, its stderr kept for the error when it dies. A subclass
+    starts another server (laya-serve, a llama.cpp peer) and names itself and the path that answers once
+    it is ready."""
+
+    label = "the server"
+    ready_path = "/ready"
 
     def __init__(self, flags: list[str]):
         self.port = free_port()
@@ -42,19 +47,27 @@ class ServerProcess:
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
 
+    def exited(self) -> str | None:
+        """Why the process is gone (its exit code or signal, then the end of its stderr), or None while it runs."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        self.log.seek(0)
+        return f"{self.label} exited ({how}): {self.log.read().decode(errors='replace').strip()[-2000:]}"
+
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"bench serve: the server exited: {self.log.read().decode()[-2000:]}")
+            if why := self.exited():
+                raise SystemExit(f"bench serve: {why}")
             try:
-                if requests.get(self.url + "/ready", timeout=5).status_code == 200:
+                if requests.get(self.url + self.ready_path, timeout=5).status_code == 200:
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.25)
-        raise SystemExit(f"bench serve: the server was not ready within {timeout:.0f}s")
+        raise SystemExit(f"bench serve: {self.label} was not ready within {timeout:.0f}s")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

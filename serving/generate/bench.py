@@ -14,11 +14,10 @@ transformers has no server: its figure is what one static batch of N requests (l
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -147,74 +146,33 @@ def hf_level(hf: Any, tokenizer: Any, system: str, clients: int, new_tokens: int
             "per_request": float(new_tokens), "errors": 0}
 
 
-@dataclass
-class Baseline:
-    """A peer server measured on the same workload in the same run: one the bench started (its stderr kept,
-    so a crash is reported with its cause) or one already running at a URL."""
+class Peer(ServerProcess):
+    """A peer server the bench compares with, started on a free port by `cmd(port)`."""
 
-    label: str
-    url: str
-    proc: subprocess.Popen | None = None
-    log: Any = field(default=None, repr=False)
-
-    def exited(self) -> str | None:
-        """Why the started server is gone, or None while it runs (or was not started here)."""
-        if self.proc is None or self.proc.poll() is None:
-            return None
-        code = self.proc.returncode
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        self.log.seek(0)
-        lines = [ln for ln in self.log.read().decode(errors="replace").splitlines() if ln.strip()]
-        return f"{self.label} exited ({how})" + (f"; its last line: {lines[-1][-300:]}" if lines else "")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def __init__(self, label: str, cmd: Callable[[int], list[str]], ready_path: str):  # not `pagoda serve`: no super()
+        self.label, self.ready_path = label, ready_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd(self.port), stdout=subprocess.DEVNULL, stderr=self.log)
 
 
-def start_baseline(label: str, cmd: list[str], port: int, ready_path: str) -> Baseline:
-    """Start `cmd` and wait until `ready_path` answers 200; RuntimeError saying why if it exits first or
-    does not answer within 300 s."""
-    log = tempfile.TemporaryFile()
-    peer = Baseline(label, f"http://127.0.0.1:{port}",
-                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log), log)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if why := peer.exited():
-            raise RuntimeError(why)
-        try:
-            if requests.get(peer.url + ready_path, timeout=5).status_code == 200:
-                return peer
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    peer.stop()
-    raise RuntimeError(f"{label} did not start within 300 s")
-
-
-def start_llama_server(binary: str, model: Path, threads: int, slots: int, slot_tokens: int) -> Baseline:
+def llama_server(binary: str, model: Path, threads: int, slots: int, slot_tokens: int) -> Peer:
     """llama.cpp's own server: one slot per client of the top level, so it batches them all (continuous
     batching is its default), each slot room for one request's prompt and answer."""
-    port = free_port()
-    return start_baseline("llama.cpp", [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-                                        "--threads", str(threads), "--threads-batch", str(threads),
-                                        "--parallel", str(slots), "--ctx-size", str(slots * slot_tokens)],
-                          port, "/health")
+    return Peer("llama.cpp", lambda port: [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                           "--threads", str(threads), "--threads-batch", str(threads),
+                                           "--parallel", str(slots), "--ctx-size", str(slots * slot_tokens)],
+                "/health")
 
 
-def start_llama_cpp_python(python: str, model: Path, threads: int) -> Baseline:
+def llama_cpp_python(python: str, model: Path, threads: int) -> Peer:
     """llama-cpp-python's OpenAI server: one model, requests served one at a time. By default a new request
     interrupts the stream in progress, so concurrent clients would cut each other off with no tokens; here
     they queue, which is the only way it serves more than one client."""
-    port = free_port()
-    return start_baseline("llama-cpp-python", [python, "-m", "llama_cpp.server", "--model", str(model),
-                                               "--host", "127.0.0.1", "--port", str(port), "--n_threads",
-                                               str(threads), "--n_ctx", "4096", "--interrupt_requests", "false"],
-                          port, "/v1/models")
+    return Peer("llama-cpp-python", lambda port: [python, "-m", "llama_cpp.server", "--model", str(model), "--host",
+                                                  "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
+                                                  "--n_ctx", "4096", "--interrupt_requests", "false"], "/v1/models")
 
 
 def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
@@ -255,24 +213,24 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     finally:
         server.stop()
 
-    starts = []
+    peers = []
     if args.baseline_server:
         slot = -(-(prompt_tokens + args.new_tokens + 64) // 256) * 256
-        starts.append(lambda: start_llama_server(args.baseline_server, path, threads, max(levels), slot))
+        peers.append(lambda: llama_server(args.baseline_server, path, threads, max(levels), slot))
     if args.baseline_python:
-        starts.append(lambda: start_llama_cpp_python(args.baseline_python, path, threads))
-    if args.baseline_url:
-        starts.append(lambda: Baseline(args.baseline_url, args.baseline_url.rstrip("/")))
-    for start in starts:
+        peers.append(lambda: llama_cpp_python(args.baseline_python, path, threads))
+    for start in peers:
+        peer = start()
         try:
-            peer = start()
-        except RuntimeError as exc:  # reported, and the figures of the others still print
+            peer.wait_ready()
+            rows[peer.label] = _measure_baseline(peer.label, peer.url, system, args, levels, out, peer.exited)
+        except SystemExit as exc:  # a peer that never came up: reported, and the others' figures still print
             print(f"baseline not measured: {exc}", file=out, flush=True)
-            continue
-        try:
-            rows[peer.label] = _measure_baseline(peer, system, args, levels, out)
         finally:
             peer.stop()
+    if args.baseline_url:
+        url = args.baseline_url.rstrip("/")
+        rows[url] = _measure_baseline(url, url, system, args, levels, out)
 
     hf = hf_reference(path, getattr(torch, args.generate_dtype))
     hf.generation_config.eos_token_id = None
@@ -290,23 +248,24 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     return 0
 
 
-def _measure_baseline(peer: Baseline, system: str, args: Any, levels: list[int], out: TextIO) -> dict[int, dict]:
+def _measure_baseline(label: str, url: str, system: str, args: Any, levels: list[int], out: TextIO,
+                      exited: Callable[[], str | None] = lambda: None) -> dict[int, dict]:
     """Every level on one peer, asking it to ignore EOS as ours does (llama.cpp honours `ignore_eos`), so
-    both sides generate the same number of tokens. A peer that dies is reported with its cause and its
-    remaining levels are left out, so the figures measured before it still print."""
+    both sides generate the same number of tokens. A peer that dies (`exited` says why) is reported with
+    its cause and its remaining levels are left out, so the figures measured before it still print."""
     try:
-        name = requests.get(peer.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        name = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
     except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
-        print(f"{peer.label:>16}: not measured: GET /v1/models failed: {exc}", file=out, flush=True)
+        print(f"{label:>16}: not measured: GET /v1/models failed: {exc}", file=out, flush=True)
         return {}
     got: dict[int, dict] = {}
     for clients in levels:
-        stats = stream_loop(peer.url, name, system, args.new_tokens, clients, args.warmup, args.seconds,
+        stats = stream_loop(url, name, system, args.new_tokens, clients, args.warmup, args.seconds,
                             {"ignore_eos": True})
-        if why := peer.exited():
-            print(f"{peer.label:>16} clients {clients:>3}: not measured: {why}", file=out, flush=True)
+        if why := exited():
+            print(f"{label:>16} clients {clients:>3}: not measured: {why}", file=out, flush=True)
             break
-        got[clients] = _report(peer.label, clients, stats, out)
+        got[clients] = _report(label, clients, stats, out)
     return got
 
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.bench import free_port, plot_by_clients, run_clients
-from serving.generate.bench import _measure_baseline, start_baseline
+from serving.bench import plot_by_clients, run_clients
+from serving.generate.bench import Peer, _measure_baseline
 
 PEER = textwrap.dedent('''
     import json, os, signal, sys
@@ -59,23 +59,27 @@ PEER = textwrap.dedent('''
 ''')
 
 
-def _peer(tmp_path, mode: str):
+def _peer(tmp_path, mode: str) -> Peer:
     script = tmp_path / "peer.py"
     script.write_text(PEER)
-    port = free_port()
-    return start_baseline(f"{mode}-peer", [sys.executable, str(script), str(port), mode], port, "/health")
+    peer = Peer(f"{mode}-peer", lambda port: [sys.executable, str(script), str(port), mode], "/health")
+    peer.wait_ready()
+    return peer
+
+
+def _measure(peer: Peer, levels: list[int], out: io.StringIO) -> dict:
+    try:
+        return _measure_baseline(peer.label, peer.url, "a system prompt", ARGS, levels, out, peer.exited)
+    finally:
+        peer.stop()
 
 
 ARGS = SimpleNamespace(new_tokens=8, warmup=0.0, seconds=0.5)
 
 
 def test_a_peer_that_dies_is_reported_with_its_cause_and_the_run_goes_on(tmp_path):
-    peer = _peer(tmp_path, "crash")
     out = io.StringIO()
-    try:
-        got = _measure_baseline(peer, "a system prompt", ARGS, [1, 4], out)
-    finally:
-        peer.stop()
+    got = _measure(_peer(tmp_path, "crash"), [1, 4], out)
     assert got == {}
     assert "crash-peer clients   1: not measured: crash-peer exited (signal SIGSEGV)" in out.getvalue()
     assert "illegal instruction in a kernel" in out.getvalue()
@@ -83,17 +87,13 @@ def test_a_peer_that_dies_is_reported_with_its_cause_and_the_run_goes_on(tmp_pat
 
 
 def test_a_peer_that_never_starts_says_why(tmp_path):
-    with pytest.raises(RuntimeError, match=r"exit-peer exited \(exit code 3\); its last line: error: unknown model"):
+    with pytest.raises(SystemExit, match=r"exit-peer exited \(exit code 3\): error: unknown model"):
         _peer(tmp_path, "exit")
 
 
 def test_tokens_are_counted_from_usage_not_from_chunks(tmp_path):
-    peer = _peer(tmp_path, "ok")
     out = io.StringIO()
-    try:
-        got = _measure_baseline(peer, "a system prompt", ARGS, [2], out)
-    finally:
-        peer.stop()
+    got = _measure(_peer(tmp_path, "ok"), [2], out)
     stats = got[2]
     assert stats["errors"] == 0 and stats["n"] > 0
     assert stats["per_request"] == 8.0  # the usage's 8 tokens, though only 6 chunks carried text
