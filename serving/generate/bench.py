@@ -62,15 +62,16 @@ def stream_chat(session: requests.Session, url: str, body: dict) -> dict | None:
     return {"started": started, "times": times, "usage": usage}
 
 
-def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int, warmup: float, seconds: float,
-                extra: dict) -> dict:
+def stream_loop(url: str, model: str, system: str, new_tokens: int, clients: int, warmup: float,
+                seconds: float) -> dict:
     """`clients` closed-loop streaming chat clients. Throughput counts the tokens that arrived inside the
     measured window (a request longer than the window still counts its share; a request's tokens are its
     usage's, spread over its chunks); TTFT is over the requests whose first token arrived inside it,
     inter-token gaps over consecutive chunks both inside it."""
     def body(c: int, i: int) -> dict:
+        # EOS ignored on every side (llama.cpp honours `ignore_eos` too), so all generate the same tokens
         return {"model": model, "messages": messages(system, c, i), "max_tokens": new_tokens, "temperature": 0,
-                **extra}
+                "ignore_eos": True}
 
     # Every client's first request is unmeasured: llama.cpp caches a prompt per slot, so only then does each
     # of its slots hold the system prompt, as our one shared prefix cache does after the first request.
@@ -209,7 +210,7 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
         rows["pagoda"] = {}
         for clients in levels:
             rows["pagoda"][clients] = _report("pagoda", clients, stream_loop(
-                server.url, name, system, args.new_tokens, clients, args.warmup, args.seconds, {"ignore_eos": True}), out)
+                server.url, name, system, args.new_tokens, clients, args.warmup, args.seconds), out)
     finally:
         server.stop()
 
@@ -250,8 +251,7 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
 
 def _measure_baseline(label: str, url: str, system: str, args: Any, levels: list[int], out: TextIO,
                       exited: Callable[[], str | None] = lambda: None) -> dict[int, dict]:
-    """Every level on one peer, asking it to ignore EOS as ours does (llama.cpp honours `ignore_eos`), so
-    both sides generate the same number of tokens. A peer that dies (`exited` says why) is reported with
+    """Every level on one peer. A peer that dies (`exited` says why) is reported with
     its cause and its remaining levels are left out, so the figures measured before it still print."""
     try:
         name = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
@@ -260,8 +260,7 @@ def _measure_baseline(label: str, url: str, system: str, args: Any, levels: list
         return {}
     got: dict[int, dict] = {}
     for clients in levels:
-        stats = stream_loop(url, name, system, args.new_tokens, clients, args.warmup, args.seconds,
-                            {"ignore_eos": True})
+        stats = stream_loop(url, name, system, args.new_tokens, clients, args.warmup, args.seconds)
         if why := exited():
             print(f"{label:>16} clients {clients:>3}: not measured: {why}", file=out, flush=True)
             break
