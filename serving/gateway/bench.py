@@ -128,8 +128,7 @@ def pass_through(args: Any, upstream: ServerProcess, gateway: ServerProcess, out
     rows += latency_rows("stream, time to first token", d, g)
 
     def streams(url: str):
-        return lambda: stream_loop(url, "bench-llm", SYSTEM, args.new_tokens, args.streams, 1.0, args.seconds,
-                                   {"ignore_eos": True})
+        return lambda: stream_loop(url, "bench-llm", SYSTEM, args.new_tokens, args.streams, 1.0, args.seconds)
 
     d, g = alternate(args.rounds, costed(streams(upstream.url), None, upstream),
                      costed(streams(gateway.url), gateway, upstream))

@@ -536,3 +536,15 @@ def test_stats_and_metrics_describe_each_upstream(gateway, edge):
     assert metric(gateway, "pagoda_gateway_upstream_in_flight", upstream=edge.url) == 0
     paths = requests.get(gateway.url + "/openapi.json", timeout=10).json()["paths"]
     assert {"/v1/chat/completions", "/v1/completions", "/generate", "/health", "/v1/models"} <= set(paths)
+
+
+@pytest.mark.slow
+def test_bench_gateway_runs_end_to_end(tiny_llama):
+    """The benchmark command itself, decisions included (its figures are for docs/benchmarks.md, never
+    asserted here): nothing else runs `pagoda bench gateway`, and a change to a helper it shares once broke it."""
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "bench", "gateway", "--generate-model",
+                           str(tiny_llama), "--requests", "3", "--rounds", "2", "--seconds", "0.5", "--streams", "2",
+                           "--new-tokens", "2", "--model", TINY_BERT, "--student", "/nonexistent"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 streams x 2 tokens" in proc.stdout and "1 question" in proc.stdout, proc.stdout
