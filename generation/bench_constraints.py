@@ -105,22 +105,39 @@ class Vocab:
     size: int
 
 
-def smollm2_vocab(model: str | None = None) -> Vocab:
-    """The tokenizer alone, from GGUF metadata (the weights are not read)."""
-    from gguf import GGUFReader
-
+def model_vocab(model: str | None = None) -> Vocab:
+    """The tokenizer alone (the weights are not read), from GGUF metadata or an HF folder's tokenizer.json,
+    so the engines part compares on the vocabulary of whatever `--model` names, as the decode part runs it."""
     from generation.tokenizer import TextTokenizer
     from generation.weights import default_model_path
 
-    reader = GGUFReader(str(model or default_model_path()))
-    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    tok = TextTokenizer.from_gguf_fields(fields)
-    types = fields.get("tokenizer.ggml.token_type") or [1] * len(fields["tokenizer.ggml.tokens"])
-    control = {i for i, t in enumerate(types) if t in (3, 4)}
-    raw = fields["tokenizer.ggml.tokens"]
+    path = Path(model or default_model_path())
+    if path.is_dir():
+        tok = TextTokenizer.from_folder(path)
+        by_id = {i: s for s, i in tok.tok.get_vocab(with_added_tokens=True).items()}
+        config = path / "config.json"
+        size = max(json.loads(config.read_text()).get("vocab_size", 0) if config.exists() else 0, max(by_id) + 1)
+        special = {i for i, t in tok.tok.get_added_tokens_decoder().items() if t.special}
+        raw = [by_id.get(i, "") for i in range(size)]
+        control = special | {i for i in range(size) if i not in by_id}
+    else:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+        tok = TextTokenizer.from_gguf_fields(fields)
+        raw = fields["tokenizer.ggml.tokens"]
+        types = fields.get("tokenizer.ggml.token_type") or [1] * len(raw)
+        control = {i for i, t in enumerate(types) if t in (3, 4)}
+    if tok.eos_token is None or tok.token_id(tok.eos_token) is None:
+        raise ValueError(f"--model: {path} names no end-of-sequence token the grammar engines can allow")
     table = _byte_level_table()
-    return Vocab(tok, ["" if i in control else s for i, s in enumerate(raw)],
-                 [None if i in control else bytes(table[c] for c in s) for i, s in enumerate(raw)],
+    try:
+        token_bytes = [None if i in control else bytes(table[c] for c in s) for i, s in enumerate(raw)]
+    except KeyError:
+        raise ValueError(f"--model: {path}'s tokenizer is not byte-level BPE, which the engines part compares on") \
+            from None
+    return Vocab(tok, ["" if i in control else s for i, s in enumerate(raw)], token_bytes,
                  tok.token_id(tok.eos_token), len(raw))
 
 
@@ -376,7 +393,7 @@ def compare_engines(names: list[str], *, steps: int = 200, threads: int = 1, mod
     from tqdm import tqdm
 
     torch.set_num_threads(threads)
-    vocab = smollm2_vocab(model)
+    vocab = model_vocab(model)
     results: dict[str, Any] = {}
     for name in names:
         try:

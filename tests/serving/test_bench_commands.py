@@ -1,0 +1,36 @@
+"""Every `pagoda bench` command that no other test runs, run whole on the tiny random Llama with the smallest
+settings: their figures go to docs/benchmarks.md and are never asserted here, but a command that crashes
+cannot be rerun to check them. (`bench serve`, `bench gateway`, `bench decide`, `bench train` and
+`bench distill` run in their own packages' tests.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from serving_support import REPO, TINY_BERT
+
+COMMANDS = {
+    "generate": (["--requests", "2", "--prefix-tokens", "16", "--new-tokens", "2", "--decode-tokens", "4",
+                  "--ttft-tokens", "16"], ["(a) 2 requests", "(b) single stream", "(c) TTFT"]),
+    # an HF folder, not the embedded GGUF: the engines part once read only GGUF metadata
+    "constraints": (["--steps", "2", "--new-tokens", "2", "--rounds", "1"],
+                    ["compile invoice", "batch 32 (wall)", "constrained  : "]),
+    "lang": (["--context-tokens", "32", "--branches", "2", "--new-tokens", "2", "--rounds", "1"],
+             ["local backend", "HTTP backend", "same text in every mode and round: yes"]),
+    "soak": (["--minutes", "0.05", "--clients", "2", "--slow", "4", "--new-tokens", "2", "--model", str(TINY_BERT),
+              "--sample-s", "1"], ["| baseline |", "| +4 slow/idle |", "worker RSS after warm-up"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_bench_command_runs_end_to_end(command, tiny_llama):
+    flags, expected = COMMANDS[command]
+    model = ["--generate-model" if command == "soak" else "--model", str(tiny_llama)]
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "bench", command, *model, *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missing = [line for line in expected if line not in proc.stdout]
+    assert not missing, f"{missing} not in:\n{proc.stdout[-3000:]}"
