@@ -8,6 +8,9 @@ Every wait here is bounded (socket timeouts, requests timeouts, fixed loop count
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.client
 import json
 import os
 import re
@@ -416,15 +419,39 @@ def test_streams_keep_working_beside_slow_clients(gen):
             s.close()
 
 
+@contextlib.contextmanager
+def in_process_front(app, threads: int = 2, write_timeout_s: float = 5.0):
+    """`serving.server.Front` over a WSGI `app` on a loopback port, its loop on a thread: what a test needs to
+    time or count inside a response, which a server process would hide. Yields the port."""
+    from serving.server import Front, Limits
+
+    loop = asyncio.new_event_loop()
+    front = Front(app, Limits(8, 5.0, 5.0, 5.0, write_timeout_s, 16384, 1 << 20), threads, loop, multiprocess=False)
+    server = loop.run_until_complete(asyncio.start_server(front.connection, "127.0.0.1", 0))
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        async def shut() -> None:
+            for _ in range(100):  # the client closed: its connection task sees EOF and ends
+                if not front.open:
+                    break
+                await asyncio.sleep(0.05)
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(shut(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        front.pool.shutdown(wait=True)
+        loop.close()
+
+
 def test_a_stream_is_closed_before_its_client_has_read_the_end():
     """A streamed answer's close() (which frees its thread slot, serving/threads.py) runs before the end of the
     message goes out: a client that has read the whole stream and asks again at once must find the slot free.
     The close here takes 0.3 s, so a front that sent the end first would let the client finish before it."""
-    import asyncio
-    import http.client
-
-    from serving.server import Front, Limits
-
     closed = threading.Event()
 
     class Body:
@@ -440,33 +467,52 @@ def test_a_stream_is_closed_before_its_client_has_read_the_end():
         start_response("200 OK", [("Content-Type", "text/event-stream")])
         return Body()
 
-    loop = asyncio.new_event_loop()
-    front = Front(app, Limits(8, 5.0, 5.0, 5.0, 5.0, 16384, 1 << 20), 2, loop, multiprocess=False)
-    server = loop.run_until_complete(asyncio.start_server(front.connection, "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
+    with in_process_front(app) as port:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/stream")
         response = conn.getresponse()
         assert response.read() == b"data: 1\n\ndata: [DONE]\n\n"
         assert closed.is_set()
         conn.close()
-    finally:
-        async def shut() -> None:
-            for _ in range(100):  # the client closed: its connection task sees EOF and ends
-                if not front.open:
-                    break
-                await asyncio.sleep(0.05)
-            server.close()
-            await server.wait_closed()
 
-        asyncio.run_coroutine_threadsafe(shut(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(10)
-        front.pool.shutdown(wait=True)
-        loop.close()
+
+def test_a_fast_body_waits_for_a_client_that_reads_nothing_and_arrives_whole_and_in_order():
+    """The request thread hands chunks to the loop without waiting for each write (`serving.server._Output`),
+    so what holds a fast producer back is the client: while it reads nothing, the body may run ahead only by
+    what the socket buffers and the front's bounded hand-over hold, not by the whole body; then every chunk
+    arrives, in order."""
+    chunk, count = 16 * 1024, 2048                       # a 32 MiB body, as fast as the thread can yield it
+    yielded = [0]
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+
+        def body():
+            for i in range(count):
+                yielded[0] += 1
+                yield i.to_bytes(4, "big") * (chunk // 4)
+
+        return body()
+
+    with in_process_front(app) as port:
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(1.0)                                  # reading nothing
+        ahead = yielded[0] * chunk
+        got = bytearray()
+        while not got.endswith(b"\r\n0\r\n\r\n"):      # the chunked body's last chunk
+            data = s.recv(1 << 20)
+            assert data, f"closed after {len(got)} bytes"
+            got += data
+        s.close()
+    assert got.startswith(b"HTTP/1.1 200"), bytes(got[:200])
+    assert ahead < 16 * 1024 * 1024, f"{ahead} bytes produced for a client that had read none"
+    body = bytes(got[got.index(b"\r\n\r\n") + 4:])
+    # chunked framing: each chunk is "4000\r\n" + 16 KiB + "\r\n"; the payload's words count up
+    payload = b"".join(body[i + 6:i + 6 + chunk] for i in range(0, count * (chunk + 8), chunk + 8))
+    assert len(payload) == count * chunk
+    assert all(payload[i * chunk:i * chunk + 4] == i.to_bytes(4, "big") for i in range(count))
 
 
 def test_a_stream_reader_is_dropped_only_when_it_takes_nothing():
