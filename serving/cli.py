@@ -90,7 +90,8 @@ def register(commands, bench) -> None:
                    help="compute dtype of our engine and of transformers (llama.cpp reads the GGUF's own types)")
     g.add_argument("--prefix-tokens", type=int, default=300, help="tokens of the system prompt every request shares")
     g.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
-    g.add_argument("--hf-rounds", type=int, default=2, help="timed transformers batches per concurrency")
+    g.add_argument("--hf-rounds", type=int, default=2, help="timed transformers batches per concurrency (0: "
+                                                           "transformers is not measured)")
     g.add_argument("--single-rounds", type=int, default=5, help="alternating HTTP / in-process single-stream rounds")
     g.add_argument("--baseline-server", default=None, help="llama.cpp's llama-server binary (make llama-server): "
                                                            "the bench starts it on the same GGUF, one slot per client")
@@ -129,6 +130,11 @@ def _bench(args: argparse.Namespace) -> int:
     if not args.seconds > 0 or not args.warmup >= 0:  # `not >`: NaN is refused too
         flag, value = ("--seconds", args.seconds) if not args.seconds > 0 else ("--warmup", args.warmup)
         print(f"pagoda bench serve: error: {flag}: expected a positive number of seconds, got {value}", file=sys.stderr)
+        return 2
+    if args.generate and (args.hf_rounds < 0 or args.single_rounds < 1):
+        flag, value = (("--hf-rounds", args.hf_rounds) if args.hf_rounds < 0 else ("--single-rounds", args.single_rounds))
+        print(f"pagoda bench serve: error: {flag}: expected {'0 or more' if flag == '--hf-rounds' else '1 or more'}, "
+              f"got {value}", file=sys.stderr)
         return 2
     concurrency = args.concurrency or ("1,8,32" if args.generate else "1,4,16,32")
     try:

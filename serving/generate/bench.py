@@ -233,12 +233,13 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
         url = args.baseline_url.rstrip("/")
         rows[url] = _measure_baseline(url, url, system, args, levels, out)
 
-    hf = hf_reference(path, getattr(torch, args.generate_dtype))
-    hf.generation_config.eos_token_id = None
-    rows["transformers"] = {}
-    for clients in levels:
-        rows["transformers"][clients] = _report("transformers", clients, hf_level(
-            hf, tokenizer, system, clients, args.new_tokens, args.hf_rounds), out)
+    if args.hf_rounds:
+        hf = hf_reference(path, getattr(torch, args.generate_dtype))
+        hf.generation_config.eos_token_id = None
+        rows["transformers"] = {}
+        for clients in levels:
+            rows["transformers"][clients] = _report("transformers", clients, hf_level(
+                hf, tokenizer, system, clients, args.new_tokens, args.hf_rounds), out)
 
     _table(rows, levels, single, decode, out)
     if args.plot:
@@ -279,15 +280,17 @@ def _report(label: str, clients: int, stats: dict, out: TextIO) -> dict:
 def _table(rows: dict[str, dict[int, dict]], levels: list[int], single: float, decode: float, out: TextIO) -> None:
     ours = rows["pagoda"]
     peers = [label for label in rows if label not in ("pagoda", "transformers")]
-    heads = ["clients", "pagoda tok/s", "TTFT p50/p99 ms", "ITL p50 ms", "cache hit", "vs transformers"]
+    hf_rows = rows.get("transformers")  # absent with --hf-rounds 0
+    heads = ["clients", "pagoda tok/s", "TTFT p50/p99 ms", "ITL p50 ms", "cache hit"] + (
+        ["vs transformers"] if hf_rows else [])
     for label in peers:
         heads += [f"{label} tok/s", f"vs {label}"]
     print("\n| " + " | ".join(heads) + " |", file=out)
     print("|" + "---:|" * len(heads), file=out)
     for c in levels:
-        a, hf = ours[c], rows["transformers"][c]
+        a = ours[c]
         cells = [str(c), f"{a['tok_s']:.1f}", f"{a['ttft_p50']:.0f} / {a['ttft_p99']:.0f}", f"{a['itl_p50']:.1f}",
-                 f"{a['hit']:.2f}", f"{a['tok_s'] / hf['tok_s']:.2f}x"]
+                 f"{a['hit']:.2f}"] + ([f"{a['tok_s'] / hf_rows[c]['tok_s']:.2f}x"] if hf_rows else [])
         for label in peers:
             peer = rows[label].get(c)
             cells += ([f"{peer['tok_s']:.1f}", f"{a['tok_s'] / peer['tok_s']:.2f}x" if peer["tok_s"] else "n/a"]
@@ -296,7 +299,8 @@ def _table(rows: dict[str, dict[int, dict]], levels: list[int], single: float, d
     print(f"\none HTTP client decodes at {single:.0%} of the in-process single-stream rate ({decode:.1f} tok/s; "
           "goal >= 95%)", file=out)
     top = max(levels)
-    goals = [f"{top} clients vs transformers {ours[top]['tok_s'] / rows['transformers'][top]['tok_s']:.2f}x (goal >= 3x)"]
+    goals = [f"{top} clients vs transformers {ours[top]['tok_s'] / hf_rows[top]['tok_s']:.2f}x (goal >= 3x)"] \
+        if hf_rows else [f"{top} clients: transformers not measured (--hf-rounds 0)"]
     for label in peers:
         if (peer := rows[label].get(top)) and peer["tok_s"]:
             goal = " (goal >= 1.5x)" if label.startswith("llama") else ""

@@ -44,6 +44,8 @@ CASES = [
     (["laya-mini", "build", "--from-scratch", "--work", "/tmp/never", "--spec", "notjson"], "--spec"),
     (["bench", "constraints", "--part", "engines", "--engines", "bogus"], "--engines"),
     (["bench", "serve", "--seconds", "0"], "--seconds"),
+    (["bench", "serve", "--generate", "--hf-rounds", "-1"], "--hf-rounds"),
+    (["bench", "serve", "--generate", "--single-rounds", "0"], "--single-rounds"),
     (["bench", "serve", "--generate", "--baseline-server", "/nonexistent/llama-server"], "--baseline-server"),
     (["bench", "serve", "--generate", "--baseline-python", README], "--baseline-python"),
     (["bench", "serve", "--reference", "none"], "--reference"),

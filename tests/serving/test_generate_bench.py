@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from serving.bench import plot_by_clients, run_clients
-from serving.generate.bench import Peer, _measure_baseline
+from serving.generate.bench import Peer, _measure_baseline, _table
 
 PEER = textwrap.dedent('''
     import json, os, signal, sys
@@ -124,3 +124,15 @@ def test_the_plot_draws_a_peer_that_died_over_the_levels_it_has(tmp_path):
         ("throughput", "output tokens / s", {"pagoda": {1: 18.0, 8: 58.0, 32: 150.0}, "llama.cpp": {1: 31.0}}),
         ("time to first token", "TTFT p50 (ms)", {"pagoda": {1: 124.0, 8: 404.0, 32: 1019.0}, "llama.cpp": {1: 255.0}})])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_table_leaves_transformers_out_when_it_was_not_measured():
+    """`--hf-rounds 0` skips transformers (its batches take most of a run): the table and the goal line say so
+    instead of dividing by rounds that never ran."""
+    stats = {"tok_s": 100.0, "ttft_p50": 10.0, "ttft_p99": 20.0, "itl_p50": 5.0, "hit": 0.9}
+    out = io.StringIO()
+    _table({"pagoda": {1: stats, 8: stats}, "llama.cpp server": {1: {**stats, "tok_s": 50.0}}}, [1, 8], 0.97, 20.0, out)
+    text = out.getvalue()
+    assert "vs transformers" not in text and "| 1 | 100.0 | 10 / 20 | 5.0 | 0.90 | 50.0 | 2.00x |" in text
+    assert "| 8 | 100.0 | 10 / 20 | 5.0 | 0.90 | failed | n/a |" in text
+    assert "8 clients: transformers not measured (--hf-rounds 0)" in text
