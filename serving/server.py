@@ -55,6 +55,7 @@ WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master 
 log = logging.getLogger("pagoda.serve")
 _READ_CHUNK = 64 * 1024
 _SIOCOUTQ = getattr(termios, "TIOCOUTQ", None) if sys.platform.startswith("linux") else None
+_DRAIN_SLICE_S = 0.25  # how often a write that waits for a slow client checks that it is still taking bytes
 _HANDED_MAX = 256 * 1024  # response bytes a request thread may hand the loop before it waits for their write
 _REQUEST_LINE_BYTES = 8192  # what a refusal reads its path from (the request line; longer ones go undialected)
 _LINGER_S = 2.0  # after an error answer, how long unread request bytes are drained so the answer is not reset
@@ -478,6 +479,8 @@ class Front:
             for chunk in response:
                 if not chunk:
                     continue
+                if type(chunk) is not bytes:  # written later, on the loop: a buffer the app refills must not change
+                    chunk = bytes(chunk)
                 if not sent_head:
                     output.send(self._response_head(started), h11.Data(data=chunk))
                     sent_head = True
@@ -631,16 +634,24 @@ class _Output:
             self.error = exc
 
     async def _write_and_drain(self, events: tuple[h11.Event, ...], size: int) -> None:
+        """`_write`, then wait until asyncio's buffer is below its low mark. The wait is not bounded by
+        --write-timeout-s as a whole: a client reading a large answer slowly but steadily may need longer, and
+        only one that takes nothing for that long is dropped (`_Stall`, checked every `_DRAIN_SLICE_S`)."""
         self._write(events, size)
-        if self.error is None:
+        while self.error is None:
             try:
-                await asyncio.wait_for(self.writer.drain(), self.front.limits.write_timeout_s)
+                await asyncio.wait_for(self.writer.drain(), min(_DRAIN_SLICE_S, self.front.limits.write_timeout_s))
+            except TimeoutError:
+                try:
+                    self.stall.check(0, self.writer.transport.get_write_buffer_size() + _kernel_unsent(self.writer))
+                except TimeoutError as exc:
+                    self.error = exc
             except Exception as exc:  # noqa: BLE001 -- as in _write
                 self.error = exc
             else:
                 self.behind = self.writer.transport.get_write_buffer_size() > 0
-        if self.error is not None:
-            raise self.error
+                return
+        raise self.error
 
 
 class _Stall:

@@ -515,6 +515,99 @@ def test_a_fast_body_waits_for_a_client_that_reads_nothing_and_arrives_whole_and
     assert all(payload[i * chunk:i * chunk + 4] == i.to_bytes(4, "big") for i in range(count))
 
 
+def _big_body_app(chunk: int, count: int, closed: list):
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+
+        def body():
+            try:
+                for i in range(count):
+                    yield bytes([i % 256]) * chunk
+            finally:
+                closed.append(time.monotonic())
+
+        return body()
+
+    return app
+
+
+def _read_at(s: socket.socket, rate: float, limit_s: float) -> tuple[bytes, str]:
+    """Read at about `rate` bytes/s until the chunked body ends, the server closes, or `limit_s` passes."""
+    got, started = bytearray(), time.monotonic()
+    while time.monotonic() - started < limit_s:
+        data = s.recv(16384)
+        if not data:
+            return bytes(got), "closed"
+        got += data
+        if got.endswith(b"\r\n0\r\n\r\n"):
+            return bytes(got), "complete"
+        time.sleep(max(0.0, len(got) / rate - (time.monotonic() - started)))
+    return bytes(got), "limit"
+
+
+def test_a_slow_but_steady_reader_of_a_large_answer_gets_all_of_it():
+    """`--write-timeout-s` drops a client that takes nothing for that long, not one that takes an answer slower
+    than the timeout allows in all: a 4 MiB body read at 2 MB/s behind a 16 KiB receive buffer needs ~2 s, with
+    a 0.3 s timeout. Until Dec 7 the front bounded each wait for the client by the timeout as a whole, and the
+    reader got EOF after the ~3.7 MB the socket buffers held."""
+    closed: list = []
+    with in_process_front(_big_body_app(65536, 64, closed), write_timeout_s=0.3) as port:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        got, how = _read_at(s, 2e6, 20)
+        s.close()
+    assert how == "complete", f"{how} after {len(got)} bytes"
+    assert len(got) > 64 * 65536
+
+
+def test_a_reader_that_stops_taking_a_large_answer_is_dropped_after_the_write_timeout():
+    """The other side of that rule: the same body, the client reading nothing after its first bytes, is ended
+    about --write-timeout-s after the socket buffers fill, and the body's close() runs (its thread is free)."""
+    closed: list = []
+    with in_process_front(_big_body_app(65536, 256, closed), write_timeout_s=0.3) as port:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        started = time.monotonic()
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(1024).startswith(b"HTTP/1.1 200")
+        for _ in range(100):
+            if closed:
+                break
+            time.sleep(0.05)
+        got, how = _read_at(s, 1e9, 10)
+        s.close()
+    assert closed and closed[0] - started < 3.0, closed
+    assert how == "closed" and len(got) < 256 * 65536
+
+
+def test_an_app_that_refills_one_buffer_between_chunks_is_sent_what_it_yielded():
+    """The loop writes a chunk after the request thread has gone on (`serving.server._Output`), so the front
+    copies any chunk that is not `bytes`: an app yielding one bytearray refilled each time (against PEP 3333's
+    letter, but seen in the wild) would otherwise have later contents written for earlier chunks."""
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+
+        def body():
+            buffer = bytearray(8)
+            for i in range(2000):
+                buffer[:] = i.to_bytes(8, "big")
+                yield buffer
+
+        return body()
+
+    with in_process_front(app) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/refill")
+        data = conn.getresponse().read()
+        conn.close()
+    assert data == b"".join(i.to_bytes(8, "big") for i in range(2000))
+
+
 def test_a_stream_reader_is_dropped_only_when_it_takes_nothing():
     """`--write-timeout-s` for streams (`serving.server._Stall`): unsent bytes may grow while the client reads
     slower than the server writes (it is still taking some, and stays); nothing taken for the timeout ends it."""
