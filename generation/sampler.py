@@ -50,6 +50,7 @@ def _filter(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= p.top_p  # keep the token that crosses top_p
+        drop[0] = False  # and always the most likely: a top_p under float32's smallest number rounds to 0
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     if p.min_p > 0:
         probs = logits.softmax(-1)
@@ -139,7 +140,11 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
             continue
         row = _filter(row / seq.params.temperature, seq)
         probs = row.softmax(-1)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
+        try:
+            tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
+        except RuntimeError as exc:  # this row's numbers, not the batch's: its mates go on
+            errors[i] = f"sampling failed: {exc}"
+            tokens[i] = None
     _accept(seqs, tokens, errors)
     records: list[dict[str, Any] | None] = [None] * n
     for i, seq in enumerate(seqs):

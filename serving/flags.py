@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, ClassVar
 
 _UNSET = object()
+# Any duration setting's ceiling (11.6 days) unless its field declares one: past ~9.2e9 s the thread and timer
+# waits it reaches raise OverflowError on every request instead of once at startup.
+MAX_SECONDS = 1e6
 
 
 def option(default: Any, help: str, *, env_only: bool = False, minimum: float | None = None,
@@ -41,7 +45,14 @@ class Settings:
             value, meta = getattr(self, f.name), f.metadata
             if meta.get("section") or value is None:
                 continue
+            if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+                raise ValueError(f"{self.where(f.name)} must be a finite number, got {value}")
             low, high = meta.get("minimum"), meta.get("maximum")
+            if high is None and f.name.endswith(("_s", "_ms")):
+                high = MAX_SECONDS * (1000 if f.name.endswith("_ms") else 1)
+                if not value <= high:
+                    raise ValueError(f"{self.where(f.name)} must be at most {high:g}, got {value}")
+                high = None
             if low is not None and high is not None and not low <= value <= high:
                 raise ValueError(f"{self.where(f.name)} must be in {low}..{high}, got {value}")
             if low is not None and value < low:

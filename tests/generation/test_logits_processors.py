@@ -172,3 +172,27 @@ def test_processor_params_are_validated():
     with pytest.raises(ValueError, match="SamplingParams.logits_processors"):
         SamplingParams(logits_processors=[lambda ids, logits: None])
     assert not SamplingParams(logits_processors=[AllowAll()]).plain_greedy
+
+
+class NaNs(LogitsProcessor):
+    def __call__(self, prompt_ids, output_ids, logits):
+        logits.fill_(float("nan"))
+
+
+def test_a_row_that_cannot_be_sampled_ends_only_its_own_request(engine):
+    """A sampled row whose numbers break torch.multinomial (NaN logits from a processor) ends its request with
+    an error; its batch mates go on. It used to raise out of the step and fail every request in it. A top_p
+    that float32 rounds to 0 still keeps the most likely token (it left no token and failed the same way)."""
+    good = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    nan = engine.add_request([8, 9], SamplingParams(max_new_tokens=6, temperature=1.0, seed=1,
+                                                    logits_processors=[NaNs()]))
+    tiny = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1.0,
+                                                        top_p=1e-46, seed=1))
+    ends: dict[str, GenerationOutput] = {}
+    while engine.num_unfinished:
+        ends.update({e.request_id: e for e in engine.step() if isinstance(e, GenerationOutput)})
+    assert ends[nan].finish_reason == "error" and "sampling failed" in ends[nan].error
+    greedy = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True))[0].token_ids
+    assert ends[good].finish_reason == "length" and ends[good].token_ids == greedy
+    assert ends[tiny].finish_reason == "length" and ends[tiny].token_ids == greedy
+    assert no_leak(engine)

@@ -25,6 +25,14 @@ def test_precedence():
     ({"PAGODA_MAX_QUEUE": "0"}, "--max-queue / PAGODA_MAX_QUEUE must be at least 1"),
     ({"PAGODA_MAX_QUEUE": "8"}, "must be at least --max-states"),
     ({"PAGODA_REQUEST_TIMEOUT_S": "0"}, "PAGODA_REQUEST_TIMEOUT_S must be positive"),
+    # NaN passes every comparison (it was taken, and closed idle connections at once or made every request 408)
+    ({"PAGODA_KEEPALIVE_S": "nan"}, "--keepalive-s / PAGODA_KEEPALIVE_S must be a finite number"),
+    ({"PAGODA_QUESTION_CACHE_MB": "nan"}, "--question-cache-mb / PAGODA_QUESTION_CACHE_MB must be a finite"),
+    ({"PAGODA_DEFER_TIMEOUT_S": "nan"}, "--defer-timeout-s / PAGODA_DEFER_TIMEOUT_S must be a finite"),
+    # a duration past what thread and timer waits take: every generation was a 500 (OverflowError)
+    ({"PAGODA_GENERATE_DEADLINE_S": "inf"}, "--generate-deadline-s / PAGODA_GENERATE_DEADLINE_S must be a finite"),
+    ({"PAGODA_GENERATE_DEADLINE_S": "1e10"}, "PAGODA_GENERATE_DEADLINE_S must be at most 1e\\+06"),
+    ({"PAGODA_MAX_WAIT_MS": "1e12"}, "PAGODA_MAX_WAIT_MS must be at most 1e\\+09"),
 ])
 def test_bad_values_name_the_setting(env, needle):
     with pytest.raises(ValueError, match=needle):
@@ -84,3 +92,16 @@ def test_an_api_section_gets_its_own_flags_and_variables():
         Server.from_sources({}, env={"PAGODA_GENERATE_MAX_TOKENS": "0"})
     # the real ServeConfig composes the decision API's section the same way
     assert ServeConfig.from_sources({"max_states": 3}, env={}).decide.max_states == 3
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"PAGODA_UPSTREAM": "a=http://127.0.0.1:9", "PAGODA_HEALTH_INTERVAL_S": "nan"}, "--health-interval-s"),
+    ({"PAGODA_UPSTREAM": "a=http://127.0.0.1:9", "PAGODA_UPSTREAM_TIMEOUT_S": "inf"}, "--upstream-timeout-s"),
+])
+def test_the_gateway_refuses_durations_that_are_not_finite(env, needle):
+    """They were taken: NaN between health checks made thousands a second, an infinite upstream timeout made
+    every proxied request a 500."""
+    from serving.gateway.config import GatewayConfig
+
+    with pytest.raises(ValueError, match=needle + ".*must be a finite number"):
+        GatewayConfig.from_sources({}, env=env)
