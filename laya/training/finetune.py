@@ -104,11 +104,11 @@ class FinetuneConfig:
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"--threads: must be a positive integer, got {self.threads!r}")
         for name in ("lr", "encoder_lr", "weight_decay", "act_weight", "intents_calib"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"finetune: {name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.kl_weight >= 0:
-            raise ValueError(f"--kl-weight: must be >= 0, got {self.kl_weight!r}")
-        if not self.teacher_tau > 0:
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"finetune: {name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.kl_weight < math.inf:  # inf trained a model of NaNs and exited 0
+            raise ValueError(f"--kl-weight: must be a finite number >= 0, got {self.kl_weight!r}")
+        if not 0 < self.teacher_tau < math.inf:
             raise ValueError(f"finetune: teacher_tau must be > 0, got {self.teacher_tau!r}")
         if not 0 <= self.opaque_options <= 1:
             raise ValueError(f"--opaque-options: must be in [0, 1], got {self.opaque_options!r}")

@@ -9,6 +9,7 @@ the right level on ordered `score` questions, which the log score ignores.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,8 +28,8 @@ class LossWeights:
     def __post_init__(self):
         for name in ("log", "spherical", "rps"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"loss weight {name!r} must be a non-negative number, got {value!r}")
+            if not isinstance(value, (int, float)) or not 0 <= value < math.inf:  # NaN passed `< 0`
+                raise ValueError(f"loss weight {name!r} must be a finite number >= 0, got {value!r}")
         if self.log == 0 and self.spherical == 0 and self.rps == 0:
             raise ValueError("loss weights: at least one of log, spherical, rps must be positive")
 

@@ -122,11 +122,11 @@ class TrainConfig:
                                                 or not isinstance(self.encoder_layers, int) or self.encoder_layers < 1):
             raise ValueError(f"train: encoder_layers must be a positive integer (or unset: all), "
                              f"got {self.encoder_layers!r}")
-        if not self.epochs > 0:
-            raise ValueError(f"train: epochs must be > 0, got {self.epochs!r}")
-        for name in ("lr", "encoder_lr", "weight_decay", "act_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"train: {name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.epochs < math.inf:
+            raise ValueError(f"train: epochs must be a finite number > 0, got {self.epochs!r}")
+        for name in ("lr", "encoder_lr", "weight_decay", "act_weight"):  # inf trained a model of NaNs, exit 0
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"train: {name} must be a finite number >= 0, got {getattr(self, name)!r}")
         for name in ("warmup", "shuffle_options", "option_subsets", "dropout"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"train: {name} must be in [0, 1], got {getattr(self, name)!r}")
