@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 
@@ -127,9 +128,9 @@ def _bench(args: argparse.Namespace) -> int:
         if value and not (os.path.isfile(value) and os.access(value, os.X_OK)):  # before the model loads
             print(f"pagoda bench serve: error: {flag}: {value} is not an executable file", file=sys.stderr)
             return 2
-    if not args.seconds > 0 or not args.warmup >= 0:  # `not >`: NaN is refused too
-        flag, value = ("--seconds", args.seconds) if not args.seconds > 0 else ("--warmup", args.warmup)
-        print(f"pagoda bench serve: error: {flag}: expected a positive number of seconds, got {value}", file=sys.stderr)
+    if not 0 < args.seconds < math.inf or not 0 <= args.warmup < math.inf:  # NaN fails every comparison too
+        flag, value = ("--seconds", args.seconds) if not 0 < args.seconds < math.inf else ("--warmup", args.warmup)
+        print(f"pagoda bench serve: error: {flag}: expected a finite number of seconds, got {value}", file=sys.stderr)
         return 2
     if args.generate and (args.hf_rounds < 0 or args.single_rounds < 1):
         flag, value = (("--hf-rounds", args.hf_rounds) if args.hf_rounds < 0 else ("--single-rounds", args.single_rounds))

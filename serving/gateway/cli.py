@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -58,4 +59,12 @@ def _gateway(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from serving.gateway.bench import run_bench
 
+    for flag in ("--requests", "--rounds", "--streams", "--new-tokens"):  # before any server starts
+        if (value := getattr(args, flag[2:].replace("-", "_"))) < 1:
+            print(f"pagoda bench gateway: error: {flag}: expected 1 or more, got {value}", file=sys.stderr)
+            return 2
+    if not 0 < args.seconds < math.inf:
+        print(f"pagoda bench gateway: error: --seconds: expected a finite number > 0, got {args.seconds}",
+              file=sys.stderr)
+        return 2
     return run_bench(args, out=sys.stdout)
