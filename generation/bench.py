@@ -78,6 +78,17 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
     tok = eng.tokenizer
     results: dict[str, float] = {}
 
+    def fits(flag: str, tokens: int) -> None:
+        """A run past the context would stop the engine early and time fewer tokens than it divides by."""
+        if tokens >= eng.max_model_len:
+            raise ValueError(f"{flag}: {tokens} tokens of prompt and answer do not fit in the model's "
+                             f"{eng.max_model_len}-token context")
+
+    if "a" in parts:  # before the system prompt is built up to prefix_tokens, one sentence at a time
+        fits("--prefix-tokens / --new-tokens", prefix_tokens + new_tokens)
+    if "c" in parts:
+        fits("--ttft-tokens", ttft_tokens)
+
     def hf_generate(batch: list[list[int]], n: int) -> tuple[list[list[int]], float]:
         width = max(len(b) for b in batch)
         ids = torch.tensor([[0] * (width - len(b)) + b for b in batch], device=device)
@@ -94,6 +105,7 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         prompts = [tok.encode(eng.apply_chat_template([{"role": "system", "content": system},
                                                       {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + f" (ticket {i})"}]))
                    for i in range(requests)]
+        fits("--prefix-tokens / --new-tokens", max(len(p) for p in prompts) + new_tokens)
         ref, hf_s = hf_generate(prompts, new_tokens)
         outs, eng_s = _timed(lambda: eng.generate(prompts, greedy))
         same = sum(o.token_ids == r for o, r in zip(outs, ref))
@@ -110,6 +122,7 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         hf_generate([prompt], 4)  # warm both paths up
         eng2.generate([prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))
         per_round = max(1, decode_tokens // rounds)
+        fits("--decode-tokens", len(prompt) + per_round)
         single = SamplingParams(max_new_tokens=per_round, ignore_eos=True)
         ratios, hf_total, eng_total, same = [], 0.0, 0.0, True
         for _ in range(rounds):

@@ -34,3 +34,15 @@ def test_bench_command_runs_end_to_end(command, tiny_llama):
     assert proc.returncode == 0, proc.stderr[-3000:]
     missing = [line for line in expected if line not in proc.stdout]
     assert not missing, f"{missing} not in:\n{proc.stdout[-3000:]}"
+
+
+@pytest.mark.slow
+def test_bench_generate_refuses_a_run_past_the_models_context(tiny_llama):
+    """Past the context the engine stopped early while the figures divided by every token asked for: a
+    5,000-token run on a 1,024-token model reported an 11x speed-up."""
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "bench", "generate", "--model", str(tiny_llama),
+                           "--requests", "2", "--new-tokens", "5000"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2 and "(a)" not in proc.stdout, proc.stdout[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("pagoda bench generate: error: --prefix-tokens / "
+                                                           "--new-tokens: "), proc.stderr[-2000:]
