@@ -109,8 +109,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         cfg = ServeConfig.from_sources(flags)
         build_apis(cfg)  # reads presets and policies here, before gunicorn forks: a bad file stops us, named
-    except ValueError as exc:
-        raise SystemExit(f"pagoda serve: {exc}") from None
+    except ValueError as exc:  # one line and exit 2, as every command answers a bad flag
+        print(f"pagoda serve: error: {exc}", file=sys.stderr)
+        return 2
     from serving.server import serve
 
     serve(cfg)

@@ -98,10 +98,12 @@ class DecideConfig(Settings):
                              "answers, the model takes its unsure answers)")
         if not self.student or (self.defer_below is not None and self.defer_to is None):  # the device is laya's
             check_device(self.device, self.where("device"))
-        for name in ("model", "student"):
+        for name, marker in (("model", "rl_agent_config.json"), ("student", "student.json")):
             path = getattr(self, name)
             if path and not Path(path).is_dir():
                 raise ValueError(f"{self.where(name)} {path}: no such folder")
+            if path and not (Path(path) / marker).is_file():  # else the worker fails to boot, with a traceback
+                raise ValueError(f"{self.where(name)} {path}: not a {name} folder (no {marker})")
         if self.student and (Path(self.student) / "student.json").is_file():
             meta = json.loads((Path(self.student) / "student.json").read_text())
             student_precision(self.precision, meta["models"])

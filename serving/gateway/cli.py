@@ -48,8 +48,9 @@ def _gateway(args: argparse.Namespace) -> int:
         cfg = GatewayConfig.load(flags)
         groups = list(dict.fromkeys(spec.group for spec in cfg.upstreams))
         rules = Rules.load(cfg.route, groups) if cfg.route else Rules.plain(groups)
-    except ValueError as exc:
-        raise SystemExit(f"pagoda gateway: {exc}") from None
+    except ValueError as exc:  # one line and exit 2, as every command answers a bad flag
+        print(f"pagoda gateway: error: {exc}", file=sys.stderr)
+        return 2
     from serving.gateway.server import GatewayServer
 
     GatewayServer(cfg, rules).run()

@@ -60,8 +60,9 @@ class GenerateConfig(Settings):
             raise ValueError(f"{self.where('device')}: {problem}")
         if self.model not in ("default", "none"):
             path = Path(self.model)
-            if not (path.is_dir() or (path.suffix == ".gguf" and path.is_file())):
-                raise ValueError(f"{self.where('model')} {self.model}: neither a model folder nor a .gguf file")
+            if not ((path / "config.json").is_file() or (path.suffix == ".gguf" and path.is_file())):
+                raise ValueError(f"{self.where('model')} {self.model}: neither a model folder (with config.json) "
+                                 f"nor a .gguf file")
 
     def model_path(self) -> str | None | bool:
         """What to load: a path, None for the embedded default, or False when generation is off.

@@ -51,17 +51,20 @@ def test_a_device_torch_cannot_use_names_its_setting(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match=needle):
             ServeConfig.from_sources({}, env=env)
     assert ServeConfig.from_sources({}, env={"PAGODA_GENERATE_DEVICE": "cuda", "PAGODA_GENERATE_MODEL": "none"})
+    (tmp_path / "student.json").write_text('{"models": {"fp32": "model.onnx"}, "questions": {}}')
     assert ServeConfig.from_sources({"student": str(tmp_path)}, env={"PAGODA_DEVICE": "cuda"}).decide.device == "cuda"
 
 
 def test_serve_refuses_bad_files(tmp_path):
+    (tmp_path / "rl_agent_config.json").write_text("{}")  # a model folder, as far as the settings look
     (tmp_path / "policy.yaml").write_text("escalate: churn_risk.noul >> 0.7\n")
     (tmp_path / "presets.yaml").write_text("triage:\n  q: {type: choice, instructions: Which one}\n")
     for flag, needle in (("--policy", "rule 'escalate'"), ("--presets", "preset 'triage'")):
         proc = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--model", str(tmp_path), flag,
                                str(tmp_path / f"{flag[2:]}.yaml")], cwd=REPO, capture_output=True, text=True,
                               timeout=60)
-        assert proc.returncode != 0 and needle in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("pagoda serve: error: ") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 def test_an_api_section_gets_its_own_flags_and_variables():
@@ -105,3 +108,16 @@ def test_the_gateway_refuses_durations_that_are_not_finite(env, needle):
 
     with pytest.raises(ValueError, match=needle + ".*must be a finite number"):
         GatewayConfig.from_sources({}, env=env)
+
+
+@pytest.mark.parametrize("flag,needle", [
+    ("--model", "--model / PAGODA_MODEL {}: not a model folder (no rl_agent_config.json)"),
+    ("--student", "--student / PAGODA_STUDENT {}: not a student folder (no student.json)"),
+    ("--generate-model", "--generate-model / PAGODA_GENERATE_MODEL {}: neither a model folder"),
+])
+def test_serve_refuses_a_folder_that_holds_no_model(flag, needle, tmp_path):
+    """Refused with the settings, exit 2, one line: the worker used to fail to boot on it with a traceback."""
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "serve", flag, str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"pagoda serve: error: {needle.format(tmp_path)}" + (
+        " (with config.json) nor a .gguf file\n" if flag == "--generate-model" else "\n"), proc.stderr

@@ -96,8 +96,8 @@ def test_pagoda_gateway_stops_at_start_naming_the_rule(tmp_path):
     done = subprocess.run([sys.executable, "-m", "serving.cli", "gateway", "--upstream", "edge=http://127.0.0.1:9",
                            "--upstream", "frontier=http://127.0.0.1:10", "--route", bad, "--port", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and time.monotonic() - started < 120
-    assert "pagoda gateway: route file" in done.stderr and "rule 'frontier'" in done.stderr, done.stderr
+    assert done.returncode == 2 and time.monotonic() - started < 120
+    assert "pagoda gateway: error: route file" in done.stderr and "rule 'frontier'" in done.stderr, done.stderr
     assert "Booting" not in done.stderr  # refused before gunicorn started
 
 
