@@ -164,6 +164,8 @@ def _bench_constraints(args: argparse.Namespace) -> int:
         unknown = [n for n in args.engines.split(",") if n not in CANDIDATES]
         if unknown:
             raise UsageError(f"--engines: {unknown[0]!r} is not one of {', '.join(CANDIDATES)}")
+        if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the run
+            raise UsageError(f"--json: {args.json} is a folder or in no folder; give a file path to write")
     except UsageError as exc:
         return _fail("bench constraints", exc)
 

@@ -257,6 +257,8 @@ def _main(args: argparse.Namespace) -> int:
         bad.append("--url: a server to compare over HTTP, and --no-http skips that comparison: give one")
     elif args.url is not None and not args.url.startswith(("http://", "https://")):
         bad.append(f"--url: expected http://HOST:PORT, got {args.url!r}")
+    if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the run
+        bad.append(f"--json: {args.json} is a folder or in no folder; give a file path to write")
     if bad:  # before any model loads: one line naming the flag, rc 2
         print(f"pagoda bench lang: error: {bad[0]}", file=sys.stderr)
         return 2
