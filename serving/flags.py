@@ -48,11 +48,9 @@ class Settings:
             if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
                 raise ValueError(f"{self.where(f.name)} must be a finite number, got {value}")
             low, high = meta.get("minimum"), meta.get("maximum")
-            if high is None and f.name.endswith(("_s", "_ms")):
-                high = MAX_SECONDS * (1000 if f.name.endswith("_ms") else 1)
-                if not value <= high:
-                    raise ValueError(f"{self.where(f.name)} must be at most {high:g}, got {value}")
-                high = None
+            cap = MAX_SECONDS * (1000 if f.name.endswith("_ms") else 1)
+            if high is None and f.name.endswith(("_s", "_ms")) and value > cap:
+                raise ValueError(f"{self.where(f.name)} must be at most {cap:g}, got {value}")
             if low is not None and high is not None and not low <= value <= high:
                 raise ValueError(f"{self.where(f.name)} must be in {low}..{high}, got {value}")
             if low is not None and value < low:

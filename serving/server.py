@@ -460,9 +460,8 @@ class Front:
             self.busy -= 1
 
     def _run_app(self, environ: dict, conn: h11.Connection, writer: asyncio.StreamWriter) -> bool:
-        """On a request thread: the app's response, each chunk written through the loop as it comes (see
-        `_Output` for when a write waits for the client, bounded by --write-timeout-s, so a stream keeps its
-        pace)."""
+        """On a request thread: the app's response, each chunk written through the loop as it comes (`_Output`
+        says when a write waits for the client, so a stream keeps its pace)."""
         started: list = []
         output = _Output(self, conn, writer)
 
@@ -585,9 +584,10 @@ class _Output:
 
     A write waits for the loop only when it must: when it ends the response (the thread then returns and the
     connection may take its next request); when the last write left bytes in asyncio's buffer (the kernel's
-    send buffer is full, so the client is behind and the thread waits on `drain`, bounded by
-    --write-timeout-s); or when the loop has not yet written `_HANDED_MAX` of the bytes handed to it (a fast
-    producer must not queue a whole body in callbacks before the loop sees that the client is behind).
+    send buffer is full, so the client is behind and the thread waits on `drain`, until the client has taken
+    nothing for --write-timeout-s); or when the loop has not yet written `_HANDED_MAX` of the bytes handed to
+    it (a fast producer must not queue a whole body in callbacks before the loop sees that the client is
+    behind).
     Otherwise the thread hands the bytes over and goes on: one wake-up of the loop per streamed event instead
     of a task, a timeout and a round trip between threads, which took the gateway's CPU per relayed token
     from ~240 to ~140 us and `pagoda serve`'s streamed tokens/s up by a third on the tiny test model. A
@@ -600,22 +600,22 @@ class _Output:
         self.stall = _Stall(front.limits.write_timeout_s)
         self.error: BaseException | None = None
         self.behind = False   # the last write left bytes in asyncio's buffer
-        self.handed = 0       # data bytes handed to the loop (counted by the request thread only)
-        self.taken = 0        # ... and of those, the ones the loop has written (counted by the loop only)
+        self.queued = 0       # data bytes handed to the loop (counted by the request thread only)
+        self.dequeued = 0     # ... and of those, the ones the loop has written (counted by the loop only)
 
     def send(self, *events: h11.Event, wait: bool = False) -> None:
         if self.error is not None:
             raise self.error
         size = sum(len(e.data) for e in events if isinstance(e, h11.Data))
-        self.handed += size
-        if wait or self.behind or self.handed - self.taken > _HANDED_MAX:
+        self.queued += size
+        if wait or self.behind or self.queued - self.dequeued > _HANDED_MAX:
             asyncio.run_coroutine_threadsafe(self._write_and_drain(events, size), self.loop).result()
         else:
             self.loop.call_soon_threadsafe(self._write, events, size)
 
     def _write(self, events: tuple[h11.Event, ...], size: int) -> None:
         """In the loop."""
-        self.taken += size
+        self.dequeued += size
         if self.error is not None:
             return
         try:

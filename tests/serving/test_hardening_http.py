@@ -531,6 +531,16 @@ def _big_body_app(chunk: int, count: int, closed: list):
     return app
 
 
+def _small_window_get(port: int) -> socket.socket:
+    """A GET on a socket whose 16 KiB receive buffer makes the server's buffers fill soon."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+    return s
+
+
 def _read_at(s: socket.socket, rate: float, limit_s: float) -> tuple[bytes, str]:
     """Read at about `rate` bytes/s until the chunked body ends, the server closes, or `limit_s` passes."""
     got, started = bytearray(), time.monotonic()
@@ -552,11 +562,7 @@ def test_a_slow_but_steady_reader_of_a_large_answer_gets_all_of_it():
     reader got EOF after the ~3.7 MB the socket buffers held."""
     closed: list = []
     with in_process_front(_big_body_app(65536, 64, closed), write_timeout_s=0.3) as port:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-        s.settimeout(10)
-        s.connect(("127.0.0.1", port))
-        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        s = _small_window_get(port)
         got, how = _read_at(s, 2e6, 20)
         s.close()
     assert how == "complete", f"{how} after {len(got)} bytes"
@@ -568,12 +574,8 @@ def test_a_reader_that_stops_taking_a_large_answer_is_dropped_after_the_write_ti
     about --write-timeout-s after the socket buffers fill, and the body's close() runs (its thread is free)."""
     closed: list = []
     with in_process_front(_big_body_app(65536, 256, closed), write_timeout_s=0.3) as port:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-        s.settimeout(10)
-        s.connect(("127.0.0.1", port))
         started = time.monotonic()
-        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        s = _small_window_get(port)
         assert s.recv(1024).startswith(b"HTTP/1.1 200")
         for _ in range(100):
             if closed:
