@@ -133,11 +133,10 @@ def _bench(args: argparse.Namespace) -> int:
         flag, value = ("--seconds", args.seconds) if not 0 < args.seconds < math.inf else ("--warmup", args.warmup)
         print(f"pagoda bench serve: error: {flag}: expected a finite number of seconds, got {value}", file=sys.stderr)
         return 2
-    if args.generate and (args.hf_rounds < 0 or args.single_rounds < 1):
-        flag, value = (("--hf-rounds", args.hf_rounds) if args.hf_rounds < 0 else ("--single-rounds", args.single_rounds))
-        print(f"pagoda bench serve: error: {flag}: expected {'0 or more' if flag == '--hf-rounds' else '1 or more'}, "
-              f"got {value}", file=sys.stderr)
-        return 2
+    for flag, value, least in (("--hf-rounds", args.hf_rounds, 0), ("--single-rounds", args.single_rounds, 1)):
+        if args.generate and value < least:
+            print(f"pagoda bench serve: error: {flag}: expected {least} or more, got {value}", file=sys.stderr)
+            return 2
     concurrency = args.concurrency or ("1,8,32" if args.generate else "1,4,16,32")
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]

@@ -104,7 +104,7 @@ class DecideConfig(Settings):
                 raise ValueError(f"{self.where(name)} {path}: no such folder")
             if path and not (Path(path) / marker).is_file():  # else the worker fails to boot, with a traceback
                 raise ValueError(f"{self.where(name)} {path}: not a {name} folder (no {marker})")
-        if self.student and (Path(self.student) / "student.json").is_file():
+        if self.student:  # its student.json is there: checked just above
             meta = json.loads((Path(self.student) / "student.json").read_text())
             student_precision(self.precision, meta["models"])
             if self.defer_below is not None:
