@@ -58,6 +58,11 @@ class Api(Protocol):
     def openapi(self) -> dict:
         """Its part of `/openapi.json`: `{"paths": ..., "schemas": ...}`."""
 
+    def close(self, timeout_s: float) -> None:
+        """The worker is exiting: end its model thread, waiting at most `timeout_s`, so that no native op still
+        runs while the interpreter tears down (that aborts the process: seen when --graceful-timeout-s cut streams
+        mid-generation)."""
+
 
 def build_apis(cfg: ServeConfig) -> list[Api]:
     """The APIs this server mounts. Cheap (no model loads), so `pagoda serve` calls it before gunicorn forks

@@ -59,6 +59,8 @@ _DRAIN_SLICE_S = 0.25  # how often a write that waits for a slow client checks t
 _HANDED_MAX = 256 * 1024  # response bytes a request thread may hand the loop before it waits for their write
 _REQUEST_LINE_BYTES = 8192  # what a refusal reads its path from (the request line; longer ones go undialected)
 _LINGER_S = 2.0  # after an error answer, how long unread request bytes are drained so the answer is not reset
+_CLOSE_TIMEOUT_S = 5.0  # at exit, how long each API's model thread gets to end (it may be mid-batch)
+_CUT_WAIT_S = 0.2  # past the grace: how long closed connections' request threads get to notice and stop
 
 
 class GunicornServer(BaseApplication):
@@ -68,6 +70,7 @@ class GunicornServer(BaseApplication):
         self.serve_cfg = cfg
         self.engine = engine
         self.torch_threads = torch_threads
+        self.apis: list = []  # the worker's, once `load` built them (closed as it exits)
         self.board = ReadyBoard(cfg.workers)
         self.models_loaded = threading.Event()  # set in a worker once its models are (`watch_loading`)
         super().__init__(prog="pagoda serve")
@@ -79,7 +82,7 @@ class GunicornServer(BaseApplication):
             "workers": cfg.workers,
             "worker_class": FrontWorker,
             "threads": cfg.threads,
-            "graceful_timeout": math.ceil(cfg.graceful_timeout_s),
+            "graceful_timeout": math.ceil(cfg.graceful_timeout_s + _CUT_WAIT_S) + 1,  # the worker's own drain ends first
             # The heartbeat runs on the worker's event loop, never blocked by a request; a long timeout only
             # matters while a worker loads its models.
             "timeout": max(120, int(cfg.request_timeout_s * 2)),
@@ -111,6 +114,7 @@ class GunicornServer(BaseApplication):
                     else api for api in apis]
         app = create_app(self.serve_cfg, apis)
         self.watch_loading(apis)
+        self.apis = apis
         return app
 
     def watch_loading(self, apis: list) -> None:
@@ -248,6 +252,8 @@ class FrontWorker(Worker):
         finally:
             front.pool.shutdown(wait=False, cancel_futures=True)
             self.loop.close()
+            for api in self.app.apis:
+                api.close(_CLOSE_TIMEOUT_S)
 
     async def _serve(self, front: Front, cfg: ServeConfig) -> None:
         """Accept while loaded, or while no sibling is (`ReadyBoard`): a loading worker beside a loaded one
@@ -351,6 +357,17 @@ class Front:
         deadline = time.monotonic() + grace_s
         while self.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if self.busy:
+            # Past the grace the worker exits and its connections die with it; closing them here first fails
+            # the writes their threads wait on, so each stops as for a client that left (its generation
+            # aborted) instead of writing to a closed loop.
+            log.warning("--graceful-timeout-s (%gs) passed with %d request(s) unfinished: closing them", grace_s,
+                        self.busy)
+            for writer in list(self.open):
+                writer.transport.abort()
+            cut = time.monotonic() + _CUT_WAIT_S
+            while self.busy and time.monotonic() < cut:
+                await asyncio.sleep(0.01)
 
     # ---- reading ----------------------------------------------------------------------------------------------
 
@@ -608,10 +625,16 @@ class _Output:
             raise self.error
         size = sum(len(e.data) for e in events if isinstance(e, h11.Data))
         self.queued += size
-        if wait or self.behind or self.queued - self.dequeued > _HANDED_MAX:
-            asyncio.run_coroutine_threadsafe(self._write_and_drain(events, size), self.loop).result()
-        else:
-            self.loop.call_soon_threadsafe(self._write, events, size)
+        try:
+            if wait or self.behind or self.queued - self.dequeued > _HANDED_MAX:
+                asyncio.run_coroutine_threadsafe(self._write_and_drain(events, size), self.loop).result()
+            else:
+                self.loop.call_soon_threadsafe(self._write, events, size)
+        except RuntimeError:
+            if not self.loop.is_closed():
+                raise
+            # The worker stopped past --graceful-timeout-s while this request ran (`Front.drain`).
+            raise ConnectionAbortedError("the server stopped before the answer was finished") from None
 
     def _write(self, events: tuple[h11.Event, ...], size: int) -> None:
         """In the loop."""

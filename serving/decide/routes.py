@@ -106,6 +106,10 @@ class DecideApi:
     def openapi(self) -> dict:
         return openapi(self.cfg)
 
+    def close(self, timeout_s: float) -> None:
+        if self.service is not None and self.service.batcher is not None:
+            self.service.batcher.stop(timeout_s)
+
     # The routes.
 
     def decide(self) -> dict:

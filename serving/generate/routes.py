@@ -76,6 +76,10 @@ class GenerateApi:
     def openapi(self) -> dict:
         return openapi(self.cfg)
 
+    def close(self, timeout_s: float) -> None:
+        if self.service is not None:
+            self.service.close(timeout_s)
+
     # OpenAI.
 
     def chat(self) -> Any:

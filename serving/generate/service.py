@@ -208,9 +208,10 @@ class Service:
         self.loop = EngineLoop(engine, max_waiting=self.cfg.max_waiting, num_threads=self.cfg.torch_threads or None)
         self.loaded.set()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Abort what runs and end the loop thread, waiting at most `timeout_s` for it."""
         if self.loop is not None:
-            self.loop.close()
+            self.loop.close(timeout=timeout_s)
 
     def ready(self) -> Any:
         if self.loop is None:

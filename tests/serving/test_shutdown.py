@@ -10,8 +10,9 @@ import signal
 import threading
 import time
 
+import pytest
 import requests
-from serving_support import BILLING_STATE, heavy_questions
+from serving_support import BILLING_STATE, GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, ServerProcess, heavy_questions
 
 
 def test_sigterm_finishes_in_flight_requests(server, agent, billing_questions):
@@ -51,3 +52,31 @@ def test_sigterm_finishes_in_flight_requests(server, agent, billing_questions):
         raise AssertionError("the server still accepts connections after SIGTERM")
     except requests.ConnectionError:
         pass
+
+
+def test_streams_past_the_grace_are_cut_cleanly(long_llama, tmp_path):
+    """SIGTERM with streams that outlast --graceful-timeout-s: the worker closes them and exits 0 with one warning.
+    Before, each stream's request thread wrote to the closed event loop ("Event loop is closed" tracebacks), and
+    the engine thread, still generating while the interpreter tore down, aborted the worker (SIGABRT)."""
+    server = ServerProcess(tmp_path / "serve.log", [
+        "--generate-model", str(long_llama), "--generate-name", "tiny-llama", "--generate-only", *GEN_ENGINE_FLAGS,
+        *LONG_LLAMA_BLOCKS, "--generate-max-new-tokens", "8000", "--graceful-timeout-s", "0.5"]).running()
+    streams = [requests.post(server.url + "/v1/completions", stream=True, timeout=60, json={
+        "model": "tiny-llama", "prompt": f"stream {i}", "max_tokens": 8000, "ignore_eos": True, "stream": True})
+        for i in range(2)]
+    lines = []
+    for r in streams:
+        assert r.status_code == 200
+        lines.append(r.iter_lines())
+        next(lines[-1])  # each is generating when the signal comes
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0
+    for rest in lines:  # cut, not finished: 8000 tokens take far longer than the grace
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            for line in rest:
+                assert line != b"data: [DONE]"
+    log = server.log()
+    assert "--graceful-timeout-s (0.5s) passed with 2 request(s) unfinished" in log
+    for sign in ("Traceback", "Event loop is closed", "terminate called", "SIGABRT"):
+        assert sign not in log, log[-3000:]
+    server.stop()
