@@ -27,6 +27,7 @@ from serving.generate.schema import Request, bad
 
 log = logging.getLogger("pagoda.serve")
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
+SETTLE_S = 0.5  # how long a request ended by one choice's deadline waits for its other choices' (`Run._settle`)
 
 
 def body_field(req: Request, field: str, default: str | None = None, prompt: int = 0) -> str:
@@ -126,11 +127,29 @@ class Run:
         try:
             if not self._observed:
                 self._observed = True
+                if not self._done:
+                    self._settle()
                 self._observe()
         finally:
             if not self._done:
                 self._done = True
                 self.batch.abort()
+
+    def _settle(self) -> None:
+        """Take the final events already on their way when the request ended early: the route stops at the
+        first choice that failed, and the others, which ended as it did (choices past one deadline end in the
+        same engine step), were counted as aborts (an n=8 stream past its deadline: 1 deadline, 7 aborts)."""
+        from generation.engine import GenerationOutput
+
+        failed = {o.finish_reason for o in self.outputs if o is not None} - {"stop", "length"}
+        until = time.monotonic() + (SETTLE_S if "deadline" in failed else 0.0)
+        while any(o is None for o in self.outputs):
+            try:
+                event = self.batch.events.get(timeout=max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                return
+            if isinstance(event, GenerationOutput):
+                self.outputs[event.index] = event
 
     def wait(self) -> list[Any]:
         """Every choice's GenerationOutput, in batch order."""

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import requests
+from serving_support import GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, ServerProcess
 
 JSON = {"Content-Type": "application/json"}  # a POST body must say it is JSON (415 otherwise)
 
@@ -150,6 +151,23 @@ def test_deadline_ends_answers_and_streams(tight):
     r = requests.post(tight.url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 8000,
                                                                                       "ignore_eos": True}}, timeout=60)
     assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+
+
+def test_every_choice_past_the_deadline_is_counted_as_one(long_llama, tmp_path):
+    """A stream of n=4 past the deadline: the choices end in the same engine step and /stats counts four deadlines. Before,
+    the request stopped at the first failed choice and counted the other three as aborts."""
+    server = ServerProcess(tmp_path / "serve.log", [
+        "--generate-model", str(long_llama), "--generate-name", "tiny-llama", "--generate-only", *GEN_ENGINE_FLAGS,
+        *LONG_LLAMA_BLOCKS, "--generate-max-new-tokens", "8000", "--generate-deadline-s", "1"]).running()
+    try:
+        body = {"messages": MSG, "max_tokens": 8000, "temperature": 0, "ignore_eos": True, "n": 4, "stream": True}
+        with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            lines = [line for line in r.iter_lines(decode_unicode=True) if line]
+        assert json.loads(lines[-2][len("data: "):])["error"]["code"] == "timeout"
+        finished = requests.get(server.url + "/stats", timeout=10).json()["generation"]["finished"]
+        assert finished == {"chat": {"deadline": 4}}, finished
+    finally:
+        server.stop()
 
 
 def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
