@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from laya.precision import MAX_THREADS
 from laya.questions import Question, parse_question
 
 KINDS = ("encoder", "linear")
@@ -162,7 +163,7 @@ def _check_ranges(t: Task) -> None:
     need(t.labels.batch_size >= 1, "labels.batch_size", "must be >= 1")
     need(t.labels.chunk_rows >= 1, "labels.chunk_rows", "must be >= 1")
     need(t.labels.max_rows >= 0, "labels.max_rows", "must be >= 0 (0: all rows)")
-    need(t.labels.threads >= 0, "labels.threads", "must be >= 0 (0: all cores)")
+    need(0 <= t.labels.threads <= MAX_THREADS, "labels.threads", f"must be from 0 to {MAX_THREADS} (0: all cores)")
     need(0 < t.split.holdout < 1, "split.holdout", "must be in (0, 1)")
     need(0 < t.split.validation < 1 and t.split.holdout + t.split.validation < 1, "split.validation",
          "must be in (0, 1) and leave rows to train on beside split.holdout")
@@ -184,7 +185,7 @@ def _check_ranges(t: Task) -> None:
     need(s.epochs >= 1, "student.epochs", "must be >= 1")
     need(s.batch_size >= 1, "student.batch_size", "must be >= 1")
     need(0 < s.lr < 1 and 0 < s.head_lr < 1, "student.lr", "learning rates must be in (0, 1)")
-    need(s.threads >= 0, "student.threads", "must be >= 0 (0: all cores)")
+    need(0 <= s.threads <= MAX_THREADS, "student.threads", f"must be from 0 to {MAX_THREADS} (0: all cores)")
     need(t.export.tolerance > 0 and t.export.int8_tolerance > 0, "export.tolerance", "must be > 0")
     need(t.export.check_rows >= 1, "export.check_rows", "must be >= 1")
     need(t.export.int8_activations in INT8_ACTIVATIONS, "export.int8_activations",

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laya.precision import PRECISION_ENV, PRECISIONS
+from laya.precision import MAX_THREADS, PRECISION_ENV, PRECISIONS
 
 
 def register(commands: Any, bench: Any) -> None:
@@ -40,7 +40,7 @@ def register(commands: Any, bench: Any) -> None:
     b.add_argument("--device", default="cpu")
     b.add_argument("--precision", default="exact,fast",
                    help="comma list of our precisions to time (exact, int8, bf16, fast)")
-    b.add_argument("--threads", type=positive_int, default=1, help="intra-op threads of every runtime (the same for all)")
+    b.add_argument("--threads", type=thread_count, default=1, help="intra-op threads of every runtime (the same for all)")
     b.add_argument("--reference", default=None,
                    help="python of a venv with the official laya runtime, timed as the baseline (default: .refvenv)")
     b.add_argument("--cold", type=int, default=0, metavar="N",
@@ -56,7 +56,7 @@ def register(commands: Any, bench: Any) -> None:
     t.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16")
     t.add_argument("--steps", type=int, default=30, help="timed steps of 32 per run (after --warmup steps)")
     t.add_argument("--warmup", type=int, default=3)
-    t.add_argument("--threads", type=positive_int, default=2)
+    t.add_argument("--threads", type=thread_count, default=2)
     t.add_argument("--data", default="../shared/data", help="folder holding clinc150/ and snips/")
     t.add_argument("--model", default=None, help="finetune: checkpoint to start from (default: the embedded laya-mini)")
     t.set_defaults(func=_bench_train)
@@ -185,7 +185,7 @@ def _register_train(commands: Any) -> None:
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
     p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
-    p.add_argument("--threads", type=positive_int)
+    p.add_argument("--threads", type=thread_count)
     p.add_argument("--device", default=d.device)
     p.add_argument("--precision", default=d.precision,
                    help="fp32 (default) or bf16: the forward under bf16 autocast (a CPU with AMX or AVX512-BF16, "
@@ -253,7 +253,7 @@ def _register_mini(commands: Any) -> None:
     b.add_argument("--work", default="runs/laya-mini", help="scratch folder for --from-scratch")
     b.add_argument("--head-dir", help="where the trained head is read/written (default: the package's)")
     b.add_argument("--figures", help="where --from-scratch writes reliability PNGs (default: --work)")
-    b.add_argument("--threads", type=positive_int)
+    b.add_argument("--threads", type=thread_count)
     b.add_argument("--device", default="cpu")
     b.add_argument("--precision", default="fp32", help="--from-scratch: fp32 (default) or bf16 autocast training")
     b.add_argument("--spec", help="JSON overrides of MiniSpec fields")
@@ -328,7 +328,7 @@ def _register_mini(commands: Any) -> None:
                         "does not spend it (judge runs with --tickets datasets/handwritten_tickets_dev.jsonl)")
     e.add_argument("--n", type=int, default=300, help="utterances per held-out intent set")
     e.add_argument("--out", default="runs/laya-mini-eval", help="folder for eval.json and eval.png")
-    e.add_argument("--threads", type=positive_int, default=1)
+    e.add_argument("--threads", type=thread_count, default=1)
     e.set_defaults(func=_mini_eval)
 
 
@@ -388,13 +388,22 @@ def out_folders(**flags: str | None) -> None:
 
 
 def positive_int(value: str) -> int:
-    """argparse's type for a count such as --threads (torch refuses 0 and less with a traceback)."""
+    """argparse's type for a count (torch refuses 0 threads and less with a traceback)."""
     try:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def thread_count(value: str) -> int:
+    """argparse's type for every --threads: torch segfaults or hangs on absurd counts (`laya.precision.MAX_THREADS`)
+    instead of refusing them."""
+    n = positive_int(value)
+    if n > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {n}")
     return n
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laya.precision import check_threads
 from laya.training.losses import LossWeights
 
 MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075, "handwritten": 0.0}
@@ -101,8 +102,7 @@ class FinetuneConfig:
         if self.corpus_layers is not None and (isinstance(self.corpus_layers, bool)
                                                or not isinstance(self.corpus_layers, int) or self.corpus_layers < 0):
             raise ValueError(f"--corpus-layers: must be an integer >= 0, got {self.corpus_layers!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"--threads: must be a positive integer, got {self.threads!r}")
+        check_threads(self.threads)
         for name in ("lr", "encoder_lr", "weight_decay", "act_weight", "intents_calib"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"finetune: {name} must be a finite number >= 0, got {getattr(self, name)!r}")

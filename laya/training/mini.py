@@ -261,13 +261,14 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
     import torch
 
     from laya.corpus.build import CorpusConfig, build, write
-    from laya.precision import check_device
+    from laya.precision import check_device, check_threads
     from laya.training import calibrate as cal
     from laya.training.examples import read_jsonl
     from laya.training.trainer import TrainConfig, check_precision, train
 
     check_device(device)     # before the corpus and the teacher's embeddings, not minutes into the build
     check_precision(precision, device)
+    check_threads(threads)
     if threads:
         torch.set_num_threads(threads)
     out = Path(out or default_model_dir())

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from laya.precision import check_device
+from laya.precision import check_device, check_threads
 from laya.training.losses import LossWeights
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ class TrainConfig:
         for name in ("warmup", "shuffle_options", "option_subsets", "dropout"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"train: {name} must be in [0, 1], got {getattr(self, name)!r}")
+        check_threads(self.threads)
         check_device(self.device)
         check_precision(self.precision, self.device)
 

@@ -37,6 +37,8 @@ def _with(path: str, value):
     ("student.colour", 1, "task.student.colour: unknown field"),
     ("split.holdout", 1.5, "task.split.holdout"),
     ("labels.chunk_rows", 0, "task.labels.chunk_rows"),
+    ("labels.threads", 99999, "task.labels.threads: must be from 0 to 1024"),
+    ("student.threads", 4096, "task.student.threads: must be from 0 to 1024"),
     ("gold.sentiment", "sentiment", "task.gold.sentiment"),
     ("budgets.temperature", 1, "task.budgets.temperature"),
     ("budgets.max_len", -5, "task.budgets.max_len: must be a positive integer"),

@@ -1,11 +1,14 @@
-"""`pagoda decide` and `pagoda bench decide` through the real CLI entry point."""
+"""`pagoda decide` and `pagoda bench decide` through the real CLI entry point, and the flags every laya command
+shares."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from serving.cli import main
+import pytest
+
+from serving.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "laya" / "scenarios"
@@ -97,3 +100,17 @@ def test_registering_does_not_import_torch():
     code = ("import argparse, sys; from laya import cli; p = argparse.ArgumentParser(); s = p.add_subparsers(); "
             "b = s.add_parser('bench').add_subparsers(); cli.register(s, b); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "decide"], ["bench", "train"], ["train", "--data", "d", "--out", "o", "--init", "i"],
+    ["laya-mini", "build"], ["laya-mini", "eval"],
+])
+@pytest.mark.parametrize("threads", ["99999", "0"])
+def test_every_threads_flag_refuses_a_count_torch_cannot_run(argv, threads, capsys):
+    """torch.set_num_threads(99999) segfaults or hangs at the first op: refused by argparse, before any work."""
+    with pytest.raises(SystemExit) as exc:   # parsed only: a count that passed would run the command
+        build_parser().parse_args([*argv, "--threads", threads])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "argument --threads: expected" in err, err
+    assert build_parser().parse_args([*argv, "--threads", "1024"]).threads == 1024

@@ -117,3 +117,10 @@ def test_a_from_scratch_build_refuses_an_unusable_device_before_any_work(tmp_pat
         mini.build_from_scratch(mini.MiniSpec(), tmp_path / "work", tmp_path / "out", tmp_path / "head",
                                 device="cuda")
     assert not (tmp_path / "work").exists()
+
+
+def test_a_from_scratch_build_refuses_an_absurd_thread_count_before_any_work(tmp_path):
+    """An API caller meets the --threads bound too: torch segfaulted on 99999 threads at the first op."""
+    with pytest.raises(ValueError, match="--threads: must be an integer from 1 to 1024"):
+        mini.build_from_scratch(mini.MiniSpec(), tmp_path / "work", tmp_path / "out", tmp_path / "head", threads=99999)
+    assert not (tmp_path / "work").exists()

@@ -204,6 +204,7 @@ def test_teacher_term_is_zero_only_at_the_teacher_distribution():
     (["--init", "INIT", "--out", "OUT", "--steps", "abc"], "--steps"),
     (["--init", "INIT", "--out", "OUT", "--steps", "-1"], "--steps"),
     (["--init", "INIT", "--out", "OUT", "--threads", "-1"], "--threads"),
+    (["--init", "INIT", "--out", "OUT", "--threads", "99999"], "--threads"),
     (["--init", "MISSING", "--out", "OUT"], "--init"),
     (["--init", "INIT", "--out", "OUT", "--precision", "fp16"], "--precision"),
     (["--init", "INIT", "--out", "OUT", "--encoder-layers", "0"], "--encoder-layers"),

@@ -136,6 +136,9 @@ def test_bad_file_and_config(tmp_path, laya_tiny_bert):
         TrainConfig(data="x", out="y").validate()
     with pytest.raises(ValueError, match="batch_size"):
         TrainConfig(data="x", out="y", init="z", batch_size=0).validate()
+    for threads in (0, 99999, 2.0):  # 99999 segfaulted torch at the first op
+        with pytest.raises(ValueError, match="--threads: must be an integer from 1 to 1024"):
+            TrainConfig(data="x", out="y", init="z", threads=threads).validate()
     for layers in (-2, 0):  # trained no layer at all before
         with pytest.raises(ValueError, match="encoder_layers"):
             TrainConfig(data="x", out="y", init="z", encoder_lr=1e-3, encoder_layers=layers).validate()
