@@ -103,7 +103,10 @@ class FinetuneConfig:
                                                or not isinstance(self.corpus_layers, int) or self.corpus_layers < 0):
             raise ValueError(f"--corpus-layers: must be an integer >= 0, got {self.corpus_layers!r}")
         check_threads(self.threads)
-        for name in ("lr", "encoder_lr", "weight_decay", "act_weight", "intents_calib"):
+        for name in ("lr", "encoder_lr"):  # 1e308 is finite and trains NaNs
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"finetune: {name} must be a learning rate in [0, 1], got {getattr(self, name)!r}")
+        for name in ("weight_decay", "act_weight", "intents_calib"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"finetune: {name} must be a finite number >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.kl_weight < math.inf:  # inf trained a model of NaNs and exited 0
@@ -268,6 +271,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         TrainConfig,
         autocast,
         build_model,
+        check_loss,
         encoder_layer_prefixes,
         training_batch,
         use_precision,
@@ -364,6 +368,10 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
         if kl is not None:
             loss = loss + cfg.kl_weight * kl
             kls.append(float(kl.detach()))
+        losses[name].append(float(loss.detach()))
+        check_loss(losses[name][-1], step + 1, f"finetune ({name} batch)",
+                   f"the learning rates (lr {cfg.lr:g}, encoder_lr {cfg.encoder_lr:g})"
+                   + (f" or --kl-weight ({cfg.kl_weight:g})" if kl is not None else ""))
         for g, base in zip(opt.param_groups, bases):
             g["lr"] = base * lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -373,7 +381,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> dict[str, Any]:
                 p.grad = None
         torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
         opt.step()
-        losses[name].append(float(loss.detach()))
         bar.set_postfix({n[:4]: f"{v[-1]:.2f}" for n, v in losses.items() if v})
         bar.update(1)
     bar.close()

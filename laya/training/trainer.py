@@ -124,7 +124,11 @@ class TrainConfig:
                              f"got {self.encoder_layers!r}")
         if not 0 < self.epochs < math.inf:
             raise ValueError(f"train: epochs must be a finite number > 0, got {self.epochs!r}")
-        for name in ("lr", "encoder_lr", "weight_decay", "act_weight"):  # inf trained a model of NaNs, exit 0
+        for name in ("lr", "encoder_lr"):  # 1e308 is finite and trained a model of NaNs, exit 0
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"--{name.replace('_', '-')}: must be a learning rate in [0, 1], "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("weight_decay", "act_weight"):  # inf trained a model of NaNs, exit 0
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"train: {name} must be a finite number >= 0, got {getattr(self, name)!r}")
         for name in ("warmup", "shuffle_options", "option_subsets", "dropout"):
@@ -133,6 +137,13 @@ class TrainConfig:
         check_threads(self.threads)
         check_device(self.device)
         check_precision(self.precision, self.device)
+
+
+def check_loss(loss: float, step: int, where: str, lower: str) -> None:
+    """Stops a run at its first NaN or infinite loss: every step after it trains on NaN, and such a run used to
+    finish, exit 0 and save a model of NaNs. `lower` names the settings to lower, the usual cause."""
+    if not math.isfinite(loss):
+        raise ValueError(f"{where}: the loss is {loss} at step {step}, training diverged: lower {lower}")
 
 
 def build_model(cfg: TrainConfig):
@@ -334,6 +345,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
                 # index 0 = answer now; the right call is to answer when the top option is the target's.
                 wrong = (logits.detach().argmax(-1) != target.argmax(-1)).long()
                 loss = loss + cfg.act_weight * torch.nn.functional.cross_entropy(act, wrong)
+            last = {"loss": float(loss.detach())}
+            check_loss(last["loss"], step + 1, "train", f"--lr ({cfg.lr:g})" + (
+                f" or --encoder-lr ({cfg.encoder_lr:g})" if enc_params else ""))
             for g, base in zip(opt.param_groups, [cfg.lr, cfg.encoder_lr]):
                 g["lr"] = base * lr_at(step)
             opt.zero_grad(set_to_none=True)
@@ -342,7 +356,6 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             opt.step()
             step += 1
             seen += len(idx)
-            last = {"loss": float(loss.detach())}
             bar.set_postfix(loss=f"{last['loss']:.3f}", ex_s=f"{seen / max(1e-9, time.time() - t0):.1f}")
             bar.update(1)
             if eval_items and (step % cfg.eval_every == 0 or step == total):

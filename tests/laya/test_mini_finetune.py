@@ -43,6 +43,28 @@ def test_finetune_writes_a_calibrated_checkpoint_that_answers_differently(laya_t
     assert (out / "calib.jsonl").stat().st_size > 0
 
 
+def test_a_loss_that_turns_nan_stops_the_run_at_that_step(laya_tiny_bert, data, tmp_path, monkeypatch):  # noqa: F811
+    """A diverged fine-tune used to train on NaNs to the end and save them; now it stops naming the step."""
+    import laya.training.losses as losses
+
+    real, calls = losses.proper_loss, []
+
+    def nan_from_step_2(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs) * (float("nan") if len(calls) >= 2 else 1.0)
+
+    monkeypatch.setattr(losses, "proper_loss", nan_from_step_2)
+    cfg = FinetuneConfig(init=laya_tiny_bert, out=str(tmp_path / "ft"), data=str(data), steps=3, batch_size=8,
+                         window_batches=2, mix={"tickets": 1.0}, corpus=TINY_CORPUS, intents_calib=0, threads=1)
+    with pytest.raises(ValueError, match=r"finetune \(tickets batch\): the loss is nan at step 2, training "
+                                         r"diverged: lower the learning rates \(lr 0\.0001, encoder_lr 3e-05\)"):
+        finetune(cfg, progress=False)
+    assert len(calls) == 2 and not (tmp_path / "ft" / "model.safetensors").exists()
+    for name in ("lr", "encoder_lr"):   # 1e308 is finite and trained NaNs
+        with pytest.raises(ValueError, match=f"finetune: {name} must be a learning rate in"):
+            FinetuneConfig(init=laya_tiny_bert, out=str(tmp_path / "o"), **{name: 1e308}).validate()
+
+
 def test_opaque_options_reach_the_intent_and_ticket_rows_and_the_recipe(laya_tiny_bert, data, tmp_path,  # noqa: F811
                                                                          monkeypatch):
     """`opaque_options` is what the run's intent source and corpus are built with, and the checkpoint records it."""

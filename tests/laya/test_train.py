@@ -136,12 +136,33 @@ def test_bad_file_and_config(tmp_path, laya_tiny_bert):
         TrainConfig(data="x", out="y").validate()
     with pytest.raises(ValueError, match="batch_size"):
         TrainConfig(data="x", out="y", init="z", batch_size=0).validate()
+    for flag, lr in (("--lr", 1e308), ("--lr", -1e-3), ("--encoder-lr", 2.0)):  # 1e308 trained NaNs, exit 0
+        with pytest.raises(ValueError, match=f"{flag}: must be a learning rate in \\[0, 1\\]"):
+            TrainConfig(data="x", out="y", init="z", **{flag[2:].replace("-", "_"): lr}).validate()
     for threads in (0, 99999, 2.0):  # 99999 segfaulted torch at the first op
         with pytest.raises(ValueError, match="--threads: must be an integer from 1 to 1024"):
             TrainConfig(data="x", out="y", init="z", threads=threads).validate()
     for layers in (-2, 0):  # trained no layer at all before
         with pytest.raises(ValueError, match="encoder_layers"):
             TrainConfig(data="x", out="y", init="z", encoder_lr=1e-3, encoder_layers=layers).validate()
+
+
+def test_a_loss_that_turns_nan_stops_the_run_at_that_step(laya_tiny_bert, data, tmp_path, monkeypatch):
+    """A diverged run used to train on NaNs to the end, exit 0 and save them; now it stops naming the step and
+    the flag to lower, with no summary written."""
+    import laya.training.losses as losses
+
+    real, calls = losses.proper_loss, []
+
+    def nan_from_step_3(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs) * (float("nan") if len(calls) >= 3 else 1.0)
+
+    monkeypatch.setattr(losses, "proper_loss", nan_from_step_3)
+    with pytest.raises(ValueError, match=r"train: the loss is nan at step 3, training diverged: lower --lr \(0\.003\) "
+                                         r"or --encoder-lr \(0\.001\)"):
+        train(_cfg(laya_tiny_bert, data, tmp_path / "nan"), progress=False)
+    assert len(calls) == 3 and not (tmp_path / "nan" / "train_summary.json").exists()
 
 
 @pytest.mark.parametrize("argv, bar", [([], True), (["--no-progress"], False)])
