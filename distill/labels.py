@@ -33,22 +33,37 @@ def prob_column(question: str) -> str:
     return f"p.{question}"
 
 
-def load_corpus(path: str | os.PathLike, task: Task):
-    """The data file as a `datasets.Dataset` with a global row index; json/jsonl/csv/parquet."""
+def _blank(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return not any(block.strip() for block in iter(lambda: f.read(1 << 16), b""))
+
+
+def load_corpus(path: str | os.PathLike, task: Task, flag: str = "--data"):
+    """The data file as a `datasets.Dataset` with a global row index; json/jsonl/csv/parquet.
+
+    `flag` names the file in the error for one without rows: `datasets` met an empty file with a StopIteration
+    traceback, and a blank one, a header-only CSV or `[]` with "Instruction 'train' corresponds to no data!"."""
     from datasets import Dataset
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
+    readers = {".jsonl": Dataset.from_json, ".json": Dataset.from_json, ".csv": Dataset.from_csv,
+               ".parquet": Dataset.from_parquet}
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        ds = Dataset.from_json(str(path))
-    elif suffix == ".csv":
-        ds = Dataset.from_csv(str(path))
-    elif suffix == ".parquet":
-        ds = Dataset.from_parquet(str(path))
-    else:
+    if suffix not in readers:
         raise ValueError(f"data: {path} has an unknown format {suffix!r}; use .jsonl, .json, .csv or .parquet")
+    empty = ValueError(f"{flag}: {path} holds no rows to distil")
+    if _blank(path):
+        raise empty
+    try:
+        ds = readers[suffix](str(path))
+    except ValueError as exc:
+        if "corresponds to no data" in str(exc):
+            raise empty from None
+        raise
+    if len(ds) == 0:
+        raise empty
     if task.text_field not in ds.column_names:
         raise ValueError(f"task.text_field: column {task.text_field!r} is not in {path} (columns: {ds.column_names})")
     for q, col in task.gold.items():

@@ -95,7 +95,7 @@ class Run:
                                  f"(has {sorted(task.questions)})")
         if self.eval_gold:  # now, not after labelling and training: the report is the last stage
             for name, path in self.eval_data.items():
-                columns = L.load_corpus(path, dataclasses.replace(task, gold={})).column_names
+                columns = L.load_corpus(path, dataclasses.replace(task, gold={}), "--eval-data").column_names
                 for question, column in self.eval_gold.items():
                     if column not in columns:
                         raise ValueError(f"eval_gold: {question}={column}: column {column!r} is not in eval data "

@@ -172,7 +172,7 @@ def other_data(run, path: Path, variants: dict[str, tuple[Path, str | None]]) ->
     from laya.answers import probabilities_from_answer
     from laya.rows import state_text
 
-    ds = load_corpus(path, dataclasses.replace(run.task, gold={}))
+    ds = load_corpus(path, dataclasses.replace(run.task, gold={}), "--eval-data")
     # the task's gold where the file has its column (a file of bare texts is measured against the teacher
     # only), and the --eval-gold columns, which `Run` checked every eval file has
     gold_columns = {q: c for q, c in run.task.gold.items() if c in ds.column_names} | run.eval_gold

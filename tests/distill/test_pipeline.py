@@ -358,6 +358,19 @@ def test_cli_reports_bad_input_without_a_traceback(distill_inputs, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("name, text", [("empty.jsonl", ""), ("blank.jsonl", "\n  \n\n"), ("header.csv", "text\n")])
+def test_a_data_file_without_rows_is_one_line_naming_data(distill_inputs, tmp_path, name, text):
+    """An empty --data file was a StopIteration traceback out of `datasets`; a blank one or a header-only CSV
+    was its "Instruction 'train' corresponds to no data!", naming neither the flag nor the file."""
+    data = tmp_path / name
+    data.write_text(text)
+    proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
+                  str(data), "--out", str(tmp_path / "o"), "--no-progress", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"pagoda distill: error: --data: {data} holds no rows to distil"
+    assert not (tmp_path / "o").exists()
+
+
 def test_bench_distill_prints_ratios_for_every_variant(student_dir):
     proc = pagoda("bench", "distill", "--student", str(student_dir), "--teacher", "none", "--singles", "5")
     lines = proc.stdout.splitlines()
