@@ -122,6 +122,12 @@ class TrainConfig:
                                                 or not isinstance(self.encoder_layers, int) or self.encoder_layers < 1):
             raise ValueError(f"train: encoder_layers must be a positive integer (or unset: all), "
                              f"got {self.encoder_layers!r}")
+        if self.stop_at is not None and (isinstance(self.stop_at, bool) or not isinstance(self.stop_at, int)
+                                         or self.stop_at < 1):  # 0 was ignored; -1 saved nothing, then failed
+            raise ValueError(f"--stop-at: must be a step >= 1 (the run stops after it), got {self.stop_at!r}")
+        if isinstance(self.head_layers, bool) or not isinstance(self.head_layers, int) or self.head_layers < 0:
+            # the bound the checkpoint's loader holds it to (`LayaConfig.validate`), checked before training
+            raise ValueError(f"--head-layers: must be an integer >= 0, got {self.head_layers!r}")
         if not 0 < self.epochs < math.inf:
             raise ValueError(f"train: epochs must be a finite number > 0, got {self.epochs!r}")
         for name in ("lr", "encoder_lr"):  # 1e308 is finite and trained a model of NaNs, exit 0

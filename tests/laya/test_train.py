@@ -165,6 +165,24 @@ def test_a_loss_that_turns_nan_stops_the_run_at_that_step(laya_tiny_bert, data, 
     assert len(calls) == 3 and not (tmp_path / "nan" / "train_summary.json").exists()
 
 
+@pytest.mark.parametrize("kw, message", [
+    ({"stop_at": 0}, "--stop-at: must be a step >= 1"),    # was ignored: the run went on to its end
+    ({"stop_at": -1}, "--stop-at: must be a step >= 1"),   # saved nothing, then missed its train_summary.json
+    ({"head_layers": -1}, "--head-layers: must be an integer >= 0, got -1"),  # trained, then refused at load
+])
+def test_values_refused_before_training(kw, message, laya_tiny_bert, data, tmp_path, capsys):
+    from serving.cli import main
+
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(data="x", out="y", encoder="z", **kw).validate()
+    flag, value = next(iter(kw.items()))
+    assert main(["train", "--data", data, "--encoder", laya_tiny_bert, "--out", str(tmp_path / "o"), "--threads", "1",
+                 f"--{flag.replace('_', '-')}", str(value)]) == 2
+    assert capsys.readouterr().err.strip() == f"pagoda train: error: {message}" + (
+        f" (the run stops after it), got {value}" if flag == "stop_at" else "")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("argv, bar", [([], True), (["--no-progress"], False)])
 def test_cli(argv, bar, laya_tiny_bert, data, tmp_path, capsys):
     from serving.cli import main
