@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -376,7 +377,25 @@ def _mini_spec(text: str | None, cls: Any) -> Any:
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"--spec: {unknown[0]!r} is not a MiniSpec field (known: {', '.join(sorted(known))})")
-    return cls(**overrides)
+    hints = typing.get_type_hints(cls)
+    return cls(**{name: _spec_value(name, value, hints[name]) for name, value in overrides.items()})
+
+
+def _spec_value(name: str, value: Any, want: Any) -> Any:
+    """`value` once it has its field's declared type (an integer does where a float goes: JSON writes 3.0 as 3);
+    a string where a number goes used to pass and end the build in a TypeError traceback once training began."""
+    origin, args = typing.get_origin(want) or want, typing.get_args(want)
+
+    def fits(v: Any, t: Any) -> bool:
+        return type(v) is t or (t is float and type(v) is int)
+
+    if origin is dict:
+        ok = isinstance(value, dict) and all(fits(k, args[0]) and fits(v, args[1]) for k, v in value.items())
+    else:
+        ok = fits(value, origin)
+    if not ok:
+        raise ValueError(f"--spec: {name}: expected {want if args else want.__name__}, got {value!r}")
+    return float(value) if origin is float else value
 
 
 def out_folders(**flags: str | None) -> None:

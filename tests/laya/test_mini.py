@@ -124,3 +124,35 @@ def test_a_from_scratch_build_refuses_an_absurd_thread_count_before_any_work(tmp
     with pytest.raises(ValueError, match="--threads: must be an integer from 1 to 1024"):
         mini.build_from_scratch(mini.MiniSpec(), tmp_path / "work", tmp_path / "out", tmp_path / "head", threads=99999)
     assert not (tmp_path / "work").exists()
+
+
+# a from-scratch build this small takes seconds: what the tests below would run if their check failed
+TINY_SPEC = {"data": "", "calib_tickets": False, "epochs": 0.1, "batch_size": 8,
+             "corpus": {"tickets_train": 40, "tickets_calib": 20, "tickets_test": 20, "tickets_unseen": 10,
+                        "reviews_train": 20, "reviews_calib": 10, "reviews_test": 10}}
+
+
+def _build(tmp_path, *argv):
+    from serving.cli import main
+
+    return main(["laya-mini", "build", "--from-scratch", "--work", str(tmp_path / "work"), "--out",
+                 str(tmp_path / "out"), "--head-dir", str(tmp_path / "head"), "--threads", "1", "--no-assemble", *argv])
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"epochs": "1"}, "--spec: epochs: expected float, got '1'"),   # was a TypeError traceback once training began
+    ({"seed": True}, "--spec: seed: expected int, got True"),
+    ({"calib_tickets": 1}, "--spec: calib_tickets: expected bool, got 1"),
+    ({"corpus": {"tickets_train": "5"}}, "--spec: corpus: expected dict[str, int], got {'tickets_train': '5'}"),
+])
+def test_a_spec_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, capsys, override, message):
+    assert _build(tmp_path, "--spec", json.dumps({**TINY_SPEC, **override})) == 2
+    assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: {message}"
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_spec_integer_goes_where_a_float_goes():
+    from laya.cli import _mini_spec
+
+    spec = _mini_spec(json.dumps({"epochs": 2, "lr": 1}), mini.MiniSpec)
+    assert spec.epochs == 2.0 and type(spec.epochs) is float and type(spec.lr) is float
