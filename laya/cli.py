@@ -345,7 +345,7 @@ def _mini_build(args: argparse.Namespace) -> int:
         return 0
     t = time.time()
     try:
-        out_folders(**{"--out": args.out, "--head-dir": args.head_dir, "--work": args.work})
+        out_folders(**{"--out": args.out, "--head-dir": args.head_dir, "--work": args.work, "--figures": args.figures})
         if args.from_scratch:
             spec = _mini_spec(args.spec, mini.MiniSpec)
             work = Path(args.work)

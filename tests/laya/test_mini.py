@@ -156,3 +156,12 @@ def test_a_spec_integer_goes_where_a_float_goes():
 
     spec = _mini_spec(json.dumps({"epochs": 2, "lr": 1}), mini.MiniSpec)
     assert spec.epochs == 2.0 and type(spec.epochs) is float and type(spec.lr) is float
+
+
+def test_figures_that_name_a_file_are_refused_before_the_build(tmp_path, capsys):
+    """Refused only when the reliability plots were written, after the corpus, the training and the calibration."""
+    figures = tmp_path / "figures.png"
+    figures.write_text("")
+    assert _build(tmp_path, "--figures", str(figures), "--spec", json.dumps(TINY_SPEC)) == 2
+    assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: --figures: {figures} is a file; give a folder to write into"
+    assert not (tmp_path / "work").exists()
