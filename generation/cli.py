@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from generation.config import CACHE_BACKENDS, device_problem
+from generation.config import CACHE_BACKENDS, MAX_TORCH_THREADS, device_problem
 from generation.lang import bench as lang_bench
 
 
@@ -17,7 +17,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="radix tree (SGLang-style), hashed blocks (vLLM-style automatic prefix caching), or none")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (1-{MAX_TORCH_THREADS})")
 
 
 def register(commands, bench) -> None:
@@ -51,7 +51,7 @@ def register(commands, bench) -> None:
     c.add_argument("--steps", type=int, default=200, help="mask steps per schema at batch 1 (a quarter at batch 32)")
     c.add_argument("--new-tokens", type=int, default=32)
     c.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size (the best counts)")
-    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--threads", type=int, default=1, help=f"torch threads (1-{MAX_TORCH_THREADS})")
     c.add_argument("--json", default=None, help="also write the results to this file")
     c.set_defaults(func=_bench_constraints)
 
@@ -80,6 +80,12 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
             raise UsageError(f"--{name.replace('_', '-')}: must be a positive integer, got {value}")
 
 
+def _check_threads(args: argparse.Namespace) -> None:
+    """Torch takes any count and then segfaults or hangs starting its pool: refused before it is set."""
+    if args.threads is not None and args.threads > MAX_TORCH_THREADS:
+        raise UsageError(f"--threads: must be at most {MAX_TORCH_THREADS}, got {args.threads}")
+
+
 def _flag_error(exc: Exception) -> UsageError:
     """An engine setting refused by name (`SamplingParams.top_p: ...`) said as the flag that set it."""
     field = getattr(exc, "field", None)
@@ -94,6 +100,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:
         _check_positive(args, "repeat", "threads")
+        _check_threads(args)
         _check_model(args.model)
         try:
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -134,6 +141,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     try:
         _check_positive(args, "requests", "prefix_tokens", "new_tokens", "decode_tokens", "ttft_tokens", "threads")
+        _check_threads(args)
         if not args.parts or set(args.parts) - set("abc"):
             raise UsageError(f"--parts: a subset of 'abc' (a shared prefix, b single stream, c warm TTFT), "
                              f"got {args.parts!r}")
@@ -158,6 +166,7 @@ def _bench_constraints(args: argparse.Namespace) -> int:
 
     try:
         _check_positive(args, "steps", "new_tokens", "rounds", "threads")
+        _check_threads(args)
         _check_model(args.model)
         from generation.bench_constraints import CANDIDATES, compare_engines, run_decode
 

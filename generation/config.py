@@ -22,6 +22,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # a masked token): such requests are refused by name rather than failing in torch.multinomial. 0 is greedy.
 TEMPERATURE_RANGE = (1e-5, 1e6)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # torch.Generator's seeds (int64, as vLLM's API takes them)
+# Torch thread counts every command and server setting is refused past: torch takes any count it is given and
+# then segfaults or hangs starting the pool (99999 crashed `pagoda generate`; 4096 still works). Here, the lowest
+# layer that sets torch threads and that serving may import, so the CLIs and the settings share one number.
+MAX_TORCH_THREADS = 1024
 
 
 class InvalidParam(ValueError):

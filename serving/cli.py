@@ -15,6 +15,7 @@ import sys
 
 from generation.config import DTYPES
 from serving.config import ServeConfig
+from serving.flags import MAX_TORCH_THREADS
 
 COMMAND_MODULES = (
     "laya.cli",
@@ -74,7 +75,8 @@ def register(commands, bench) -> None:
     b.add_argument("--preset", default="support-triage", help="question preset the clients ask")
     b.add_argument("--max-wait-ms", type=float, default=None, help="batcher wait (default: the server's)")
     b.add_argument("--torch-threads", type=int, default=1,
-                   help="torch threads in the server (0: torch default; 1 keeps runs comparable on a shared box)")
+                   help=f"torch threads in the server, 0-{MAX_TORCH_THREADS} (0: torch default; 1 keeps runs "
+                        "comparable on a shared box)")
     b.add_argument("--workers", type=int, default=1,
                    help="worker processes of every pagoda server, each with --torch-threads (laya-serve gets "
                         "workers x torch-threads threads: the same cores)")
@@ -137,6 +139,10 @@ def _bench(args: argparse.Namespace) -> int:
         if args.generate and value < least:
             print(f"pagoda bench serve: error: {flag}: expected {least} or more, got {value}", file=sys.stderr)
             return 2
+    if not 0 <= args.torch_threads <= MAX_TORCH_THREADS:  # --generate sets it here too, where torch would crash
+        print(f"pagoda bench serve: error: --torch-threads: expected 0..{MAX_TORCH_THREADS}, got {args.torch_threads}",
+              file=sys.stderr)
+        return 2
     concurrency = args.concurrency or ("1,8,32" if args.generate else "1,4,16,32")
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]

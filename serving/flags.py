@@ -17,6 +17,10 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, ClassVar
 
+# Any torch thread count's ceiling, for the settings beside MAX_SECONDS: generation's own, since its CLIs cannot
+# import serving and one number must bound both.
+from generation.config import MAX_TORCH_THREADS as MAX_TORCH_THREADS
+
 _UNSET = object()
 # Any duration setting's ceiling (11.6 days) unless its field declares one: past ~9.2e9 s the thread and timer
 # waits it reaches raise OverflowError on every request instead of once at startup.

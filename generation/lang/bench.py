@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from generation.config import MAX_TORCH_THREADS
 from generation.lang.ir import gen, select
 from generation.lang.program import function
 
@@ -241,7 +242,8 @@ def register(bench: Any) -> None:
     b.add_argument("--branches", type=int, default=8)
     b.add_argument("--new-tokens", type=int, default=32)
     b.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median counts")
-    b.add_argument("--threads", type=int, default=1, help="torch threads of every engine (the server's too)")
+    b.add_argument("--threads", type=int, default=1,
+                   help=f"torch threads of every engine, the server's too (1-{MAX_TORCH_THREADS})")
     b.add_argument("--url", default=None, help="a running /generate server to use instead of starting pagoda serve")
     b.add_argument("--no-http", action="store_true", help="skip the HTTP comparison")
     b.add_argument("--json", default=None, help="also write the results to this file")
@@ -251,6 +253,8 @@ def register(bench: Any) -> None:
 def _main(args: argparse.Namespace) -> int:
     bad = [f"--{n.replace('_', '-')}: must be a positive integer, got {getattr(args, n)}"
            for n in ("context_tokens", "branches", "new_tokens", "rounds", "threads") if getattr(args, n) < 1]
+    if args.threads > MAX_TORCH_THREADS:  # torch takes it, then crashes starting its pool
+        bad.append(f"--threads: must be at most {MAX_TORCH_THREADS}, got {args.threads}")
     if args.model is not None and not Path(args.model).exists():
         bad.append(f"--model: {args.model}: no such model folder or .gguf file")
     if args.url is not None and args.no_http:

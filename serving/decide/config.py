@@ -15,7 +15,7 @@ from distill.deferral import parse_below, teacher_mismatch
 from distill.remote_teacher import RemoteTeacher
 from laya.paths import default_model_dir
 from laya.precision import PRECISION_ENV, PRECISIONS, check_device, requested_precision
-from serving.flags import Settings, option
+from serving.flags import MAX_TORCH_THREADS, Settings, option
 
 SHIPPED_PRESETS = Path(__file__).with_name("presets.yaml")
 
@@ -48,7 +48,7 @@ class DecideConfig(Settings):
                                        env_only=True)
     device: str = option("cpu", "torch device for the Laya model (cpu, cuda, cuda:1, mps)")
     torch_threads: int = option(0, "intra-op threads of the decision model per worker, torch or onnxruntime (0: the "
-                                   "runtime's default)", minimum=0)
+                                   "runtime's default)", minimum=0, maximum=MAX_TORCH_THREADS)
     precision: str | None = option(None, "decision arithmetic: exact (fp32, the default), int8, bf16 (CPUs with AMX "
                                          "or AVX512-BF16, GPUs) or fast (the best of those this machine has)")
     presets: str = option(str(SHIPPED_PRESETS), "JSON or YAML file of named question sets")

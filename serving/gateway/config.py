@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from serving.config import FrontSettings
 from serving.decide.config import DecideConfig
 from serving.decide.mapping_file import read_mapping
-from serving.flags import option
+from serving.flags import MAX_TORCH_THREADS, option
 
 GROUP_NAME = re.compile(r"[A-Za-z_][\w-]*")  # a group is named by a routing rule, so it is a rule name
 
@@ -70,7 +70,8 @@ class GatewayConfig(FrontSettings):
     student: str | None = option(None, "a distilled student folder to answer them instead")
     device: str = option("cpu", "torch device for the Laya model")
     torch_threads: int = option(1, "torch intra-op threads for the decision model (0: torch's default; the "
-                                   "gateway shares its cores with whatever it fronts)", minimum=0)
+                                   "gateway shares its cores with whatever it fronts)", minimum=0,
+                                maximum=MAX_TORCH_THREADS)
     decision_timeout_s: float = option(5.0, "a routing decision not made within this takes the default route",
                                        positive=True)
     decision_max_wait_ms: float = option(2.0, "how long the decision batcher may wait for requests still being "

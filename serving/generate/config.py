@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from generation.config import CACHE_BACKENDS, DTYPES, SCHEDULING_ORDERS, device_problem
-from serving.flags import Settings, option
+from serving.flags import MAX_TORCH_THREADS, Settings, option
 
 log = logging.getLogger("pagoda.serve")
 
@@ -30,7 +30,8 @@ class GenerateConfig(Settings):
     device: str = option("cpu", "torch device for the LLM (cpu, cuda, cuda:1)")
     dtype: str = option("float32", f"LLM compute dtype, one of {', '.join(DTYPES)}; only float32 keeps greedy "
                                    "tokens independent of what shares the batch (docs/generation.md)")
-    torch_threads: int = option(0, "torch intra-op threads of the engine thread (0: torch's default)", minimum=0)
+    torch_threads: int = option(0, "torch intra-op threads of the engine thread (0: torch's default)", minimum=0,
+                                maximum=MAX_TORCH_THREADS)
     cache_backend: str = option("radix", f"prefix cache, one of {', '.join(CACHE_BACKENDS)}")
     scheduling: str = option("fcfs", f"order waiting requests are admitted in, one of {', '.join(SCHEDULING_ORDERS)}")
     kv_cache_mb: int = option(512, "KV pool size in MiB (allocated once at startup)", minimum=1)

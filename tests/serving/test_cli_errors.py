@@ -83,6 +83,22 @@ CASES = [
 ]
 
 
+# Torch takes any thread count, then segfaults or hangs starting its pool (99999 crashed `pagoda generate`). What
+# each command would run next is stubbed, so a count that got past its check fails the test, not the machine.
+TORCH_THREADS = [
+    (["generate", "-p", "hi", "--threads", "99999"], "generation.engine.Engine", "--threads: must be at most 1024"),
+    (["bench", "generate", "--threads", "99999"], "generation.bench.run", "--threads: must be at most 1024"),
+    (["bench", "constraints", "--threads", "99999"], "generation.bench_constraints.compare_engines",
+     "--threads: must be at most 1024"),
+    (["bench", "lang", "--no-http", "--threads", "99999"], "generation.lang.bench.run",
+     "--threads: must be at most 1024"),
+    (["bench", "serve", "--torch-threads", "99999"], "serving.decide.bench.run_bench",
+     "--torch-threads: expected 0..1024"),
+    (["bench", "serve", "--generate", "--torch-threads", "99999"], "serving.generate.bench.run_bench",
+     "--torch-threads: expected 0..1024"),
+]
+
+
 def _run(argv, capsys) -> tuple[int, str]:
     try:
         rc = main(argv)
@@ -100,6 +116,17 @@ def test_bad_flag_is_one_line_naming_it(argv, flag, capsys):
     assert "Traceback" not in err
     if flag not in ARGPARSE:
         assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(("argv", "runs", "needle"), TORCH_THREADS, ids=[" ".join(a) for a, _, _ in TORCH_THREADS])
+def test_a_torch_thread_count_past_the_bound_is_refused_before_torch_gets_it(argv, runs, needle, capsys, monkeypatch):
+    def ran(*args, **kwargs):
+        raise AssertionError(f"{runs} ran with {argv[-1]} torch threads")
+
+    monkeypatch.setattr(runs, ran)
+    rc, err = _run(argv, capsys)
+    assert rc == 2 and err == f"pagoda {' '.join(argv[:2] if argv[0] == 'bench' else argv[:1])}: error: {needle}, " \
+                              f"got 99999\n", err
 
 
 @pytest.mark.parametrize("argv", [["generate", "-p", "hi", "--model", "/nonexistent"],

@@ -33,6 +33,9 @@ def test_precedence():
     ({"PAGODA_GENERATE_DEADLINE_S": "inf"}, "--generate-deadline-s / PAGODA_GENERATE_DEADLINE_S must be a finite"),
     ({"PAGODA_GENERATE_DEADLINE_S": "1e10"}, "PAGODA_GENERATE_DEADLINE_S must be at most 1e\\+06"),
     ({"PAGODA_MAX_WAIT_MS": "1e12"}, "PAGODA_MAX_WAIT_MS must be at most 1e\\+09"),
+    # torch took any thread count, then segfaulted or hung starting its pool in the worker
+    ({"PAGODA_TORCH_THREADS": "99999"}, "--torch-threads / PAGODA_TORCH_THREADS must be in 0..1024, got 99999"),
+    ({"PAGODA_GENERATE_TORCH_THREADS": "99999"}, "PAGODA_GENERATE_TORCH_THREADS must be in 0..1024, got 99999"),
 ])
 def test_bad_values_name_the_setting(env, needle):
     with pytest.raises(ValueError, match=needle):
@@ -108,6 +111,13 @@ def test_the_gateway_refuses_durations_that_are_not_finite(env, needle):
 
     with pytest.raises(ValueError, match=needle + ".*must be a finite number"):
         GatewayConfig.from_sources({}, env=env)
+
+
+def test_the_gateway_refuses_a_torch_thread_count_torch_would_crash_on():
+    from serving.gateway.config import GatewayConfig
+
+    with pytest.raises(ValueError, match="--torch-threads / PAGODA_TORCH_THREADS must be in 0..1024, got 99999"):
+        GatewayConfig.from_sources({}, env={"PAGODA_UPSTREAM": "a=http://127.0.0.1:9", "PAGODA_TORCH_THREADS": "99999"})
 
 
 @pytest.mark.parametrize("flag,needle", [
