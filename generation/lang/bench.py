@@ -44,6 +44,10 @@ SENTENCES = [
 ]
 CHOICES = ["excellent", "good", "average", "poor"]
 KV_MB = 256
+# Each branch is a program state with a thread of its own here and, over HTTP, a request thread in the server
+# (128 by default): 99999 branches took the machine's memory in threads. 64 is the engine's default batch.
+MAX_BRANCHES = 64
+PROGRAM_TOKENS = 32  # the program's own words around the context and a branch's gen ("Idea 1:", a choice)
 
 
 def build_context(tokenizer: Any, tokens: int) -> str:
@@ -155,6 +159,10 @@ def run(model: str | None = None, *, context_tokens: int = 300, branches: int = 
         for name, cache, pin in (("independent", "none", False), ("local", "radix", True)):
             engine = Engine(EngineConfig(model=model, cache_backend=cache, kv_cache_memory_mb=KV_MB))
             backends[name] = LocalBackend(EngineLoop(engine, num_threads=threads), pin_prefixes=pin)
+        limit = backends["local"].engine.max_model_len
+        if context_tokens + new_tokens + PROGRAM_TOKENS >= limit:  # else building the context alone runs on and on
+            raise ValueError(f"--context-tokens / --new-tokens: {context_tokens} + {new_tokens} tokens and the "
+                             f"program's own do not fit in the model's {limit}-token context")
         args = {"context": build_context(backends["local"].engine.tokenizer, context_tokens), "branches": branches,
                 "new_tokens": new_tokens}
         modes = list(backends)
@@ -238,9 +246,10 @@ def report(result: dict[str, Any], out=sys.stdout) -> None:
 def register(bench: Any) -> None:
     b = bench.add_parser("lang", help="a fork/gen/select program: local backend vs independent requests, and over HTTP")
     b.add_argument("--model", default=None, help="HF folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    b.add_argument("--context-tokens", type=int, default=300)
-    b.add_argument("--branches", type=int, default=8)
-    b.add_argument("--new-tokens", type=int, default=32)
+    b.add_argument("--context-tokens", type=int, default=300,
+                   help="tokens of the shared context (with --new-tokens, within the model's context)")
+    b.add_argument("--branches", type=int, default=8, help=f"fork width, 1-{MAX_BRANCHES}")
+    b.add_argument("--new-tokens", type=int, default=32, help="tokens each branch generates")
     b.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median counts")
     b.add_argument("--threads", type=int, default=1,
                    help=f"torch threads of every engine, the server's too (1-{MAX_TORCH_THREADS})")
@@ -255,6 +264,8 @@ def _main(args: argparse.Namespace) -> int:
            for n in ("context_tokens", "branches", "new_tokens", "rounds", "threads") if getattr(args, n) < 1]
     if args.threads > MAX_TORCH_THREADS:  # torch takes it, then crashes starting its pool
         bad.append(f"--threads: must be at most {MAX_TORCH_THREADS}, got {args.threads}")
+    if args.branches > MAX_BRANCHES:
+        bad.append(f"--branches: must be at most {MAX_BRANCHES}, got {args.branches}")
     if args.model is not None and not Path(args.model).exists():
         bad.append(f"--model: {args.model}: no such model folder or .gguf file")
     if args.url is not None and args.no_http:

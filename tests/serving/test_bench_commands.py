@@ -46,3 +46,14 @@ def test_bench_generate_refuses_a_run_past_the_models_context(tiny_llama):
     assert proc.returncode == 2 and "(a)" not in proc.stdout, proc.stdout[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("pagoda bench generate: error: --prefix-tokens / "
                                                            "--new-tokens: "), proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_bench_lang_refuses_a_context_past_the_models(tiny_llama):
+    """A context past the model's was built first, one sentence at a time (1M tokens: still building after 90 s)."""
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "bench", "lang", "--model", str(tiny_llama), "--no-http",
+                           "--context-tokens", "5000"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "pagoda bench lang: error: --context-tokens / --new-tokens: 5000 + 32 tokens and the program's own do not "
+        "fit in the model's 1024-token context"), proc.stderr[-2000:]

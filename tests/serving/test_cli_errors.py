@@ -156,6 +156,19 @@ def test_bench_lang_bad_flags_name_the_flag(argv, capsys):
     assert err.strip().count("\n") == 0 and err.startswith(f"pagoda bench lang: error: {argv[0]}")
 
 
+def test_bench_lang_refuses_more_branches_than_it_can_hold(capsys, monkeypatch):
+    """Each branch is a thread (and over HTTP a server request thread): 99999 took the machine's memory."""
+    def ran(*args, **kwargs):
+        raise AssertionError("bench lang ran")
+
+    monkeypatch.setattr("generation.lang.bench.run", ran)
+    rc, err = _run(["bench", "lang", "--no-http", "--branches", "65"], capsys)
+    assert rc == 2 and err == "pagoda bench lang: error: --branches: must be at most 64, got 65\n", err
+    with pytest.raises(SystemExit):
+        main(["bench", "lang", "--help"])
+    assert "fork width, 1-64" in capsys.readouterr().out
+
+
 def test_a_path_of_the_wrong_kind_is_one_line_not_a_traceback(tmp_path, capsys, tiny_llama):
     """A command that did not catch it itself: a folder given as a data file, a student folder that is none."""
     fixture = str(REPO / "tests" / "fixtures" / "laya" / "bert-tiny")
