@@ -85,6 +85,10 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model_config, weights, self.tokenizer = load_model(config.model)
+        positions = self.model_config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > positions:  # never trained past them
+            raise InvalidParam(f"EngineConfig.max_model_len: {config.max_model_len} is past the model's {positions} "
+                               f"positions (max_position_embeddings; a GGUF's context_length)", "max_model_len")
         self.runner = ModelRunner(config, self.model_config, weights)
         del weights
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size)

@@ -159,7 +159,9 @@ def preload(cfg: ServeConfig) -> Preloaded:
     then hands each worker the engine copy-on-write. What must not cross a fork does not: torch runs on one
     thread in the master (no OpenMP pool exists to be lost), and the engine loop's thread, the decision
     model (onnxruntime sessions own thread pools) and the batcher all start in the worker. A module this
-    install lacks, or an engine that fails to build, is left to the worker, which reports it by name."""
+    install lacks, or an engine that fails to build, is left to the worker, which reports it by name; but a
+    setting the model refuses (`--generate-max-model-len` past its positions) stops `pagoda serve` here, with
+    one line naming the flag, since every worker would refuse it too."""
     started = time.monotonic()
     out = Preloaded()
     kinds = []
@@ -174,6 +176,8 @@ def preload(cfg: ServeConfig) -> Preloaded:
         except ImportError:
             continue
     if model is not False:
+        from generation.config import InvalidParam
+
         try:
             import torch
 
@@ -182,6 +186,8 @@ def preload(cfg: ServeConfig) -> Preloaded:
             from serving.generate.service import build_engine
 
             out.engine = build_engine(cfg.generate, model)
+        except InvalidParam:  # a setting the model refuses: every worker would too
+            raise
         except Exception as exc:  # noqa: BLE001 -- the worker builds it again and stops the server on failure
             log.warning("preload: the generation engine did not build in the master (%s); workers will", exc)
     out.seconds = time.monotonic() - started

@@ -40,7 +40,8 @@ class GenerateConfig(Settings):
     max_num_seqs: int = option(64, "most sequences decoding in one batch", minimum=1)
     max_num_batched_tokens: int = option(1024, "tokens per engine step: the prefill chunk size", minimum=1)
     chunked_prefill: bool = option(True, "split long prompts into chunks that share steps with decodes")
-    max_model_len: int | None = option(None, "longest sequence, prompt plus output (default: the model's)", minimum=2)
+    max_model_len: int | None = option(None, "longest sequence, prompt plus output (default, and most: the "
+                                                "model's positions)", minimum=2)
     max_waiting: int = option(256, "most requests waiting for the engine; past it 503 with Retry-After", minimum=1)
     max_prompt_tokens: int | None = option(None, "longest prompt a request may send, in tokens (default: "
                                                  "--generate-max-model-len - 1)", minimum=1)

@@ -181,6 +181,14 @@ def test_engine_config_errors_name_the_field(kwargs, field):
         EngineConfig(**kwargs)
 
 
+def test_a_max_model_len_past_the_models_positions_is_refused_at_load(tiny_llama):
+    """It was taken (a served engine took 11000 on SmolLM2's 8192), though no model is trained past its positions."""
+    with pytest.raises(InvalidParam, match="EngineConfig.max_model_len: 1025 is past the model's 1024 positions") as err:
+        Engine(EngineConfig(model=str(tiny_llama), max_model_len=1025, num_blocks=8))
+    assert err.value.field == "max_model_len"
+    assert Engine(EngineConfig(model=str(tiny_llama), max_model_len=1024, num_blocks=8)).max_model_len == 8 * 16
+
+
 def test_a_device_torch_cannot_use_is_refused_with_the_config(monkeypatch):
     """Before any weight moves: on a CPU-only torch `cuda` used to be an AssertionError from the first `.to()`."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -131,3 +131,26 @@ def test_serve_refuses_a_folder_that_holds_no_model(flag, needle, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr == f"pagoda serve: error: {needle.format(tmp_path)}" + (
         " (with config.json) nor a .gguf file\n" if flag == "--generate-model" else "\n"), proc.stderr
+
+
+def test_serve_refuses_a_max_model_len_past_the_models_positions(tiny_llama, monkeypatch, capsys):
+    """It was served (11000 on SmolLM2's 8192 positions, which it was never trained past). Refused where the master
+    builds the engine, before gunicorn starts: one line naming the flag and the model's limit, exit 2."""
+    import torch
+
+    from serving import server
+    from serving.cli import main
+
+    def no_server(*args):
+        raise AssertionError("pagoda serve went on to start its workers")
+
+    monkeypatch.setattr(server, "GunicornServer", no_server)
+    threads = torch.get_num_threads()
+    try:  # the master runs torch on one thread until the fork
+        rc = main(["serve", "--generate-only", "--generate-model", str(tiny_llama), "--generate-max-model-len", "1025"])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1] == (
+        "pagoda serve: error: --generate-max-model-len / PAGODA_GENERATE_MAX_MODEL_LEN: 1025 is past the model's "
+        "1024 positions (max_position_embeddings; a GGUF's context_length)"), err
