@@ -10,6 +10,7 @@ Each API's routes hold at most their budget of request threads (`threads`).
 
 from __future__ import annotations
 
+import argparse
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -81,6 +82,23 @@ def build_apis(cfg: ServeConfig) -> list[Api]:
     if not apis:
         raise ValueError(f"nothing to serve: {cfg.generate.where('only')} with {cfg.generate.where('model')} none")
     return apis
+
+
+def checked_config(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> ServeConfig:
+    """`pagoda serve`'s settings with every check it makes before it forks, in one place so that a bench which
+    starts servers can make them first, in its own process, and refuse a bad flag before any server starts."""
+    cfg = ServeConfig.from_sources(flags, env)
+    build_apis(cfg)  # reads presets and policies: a bad file stops us, named
+    return cfg
+
+
+def check_serve_argv(argv: list[str]) -> None:
+    """Raise the `ValueError` `pagoda serve ARGV` would refuse to start with (its settings from these flags and
+    the `PAGODA_*` variables it inherits). A bench calls it on each server it will start, before the first:
+    a bad flag then costs no measurement first, and the bench's own error line names it."""
+    parser = argparse.ArgumentParser(prog="pagoda serve")
+    ServeConfig.add_arguments(parser)
+    checked_config(vars(parser.parse_args(argv)))
 
 
 def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None) -> Flask:

@@ -37,15 +37,21 @@ class ServerProcess:
 
     label = "the server"
     ready_path = "/ready"
+    command = "bench serve"  # the bench that started it, for its errors
 
-    def __init__(self, flags: list[str]):
+    def __init__(self, flags: list[str], command: str | None = None):
+        self.command = command or self.command
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--no-access-log", *flags]
+        cmd = [sys.executable, "-m", "serving.cli", "serve", *self.argv(flags, self.port)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+
+    @staticmethod
+    def argv(flags: list[str], port: int = 0) -> list[str]:
+        """The command line after `pagoda serve`: what a bench checks (`serving.app.check_serve_argv`) is what runs."""
+        return ["--host", "127.0.0.1", "--port", str(port), "--no-access-log", *flags]
 
     def exited(self) -> str | None:
         """Why the process is gone (its exit code or signal, then the end of its stderr), or None while it runs."""
@@ -60,14 +66,14 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if why := self.exited():
-                raise SystemExit(f"bench serve: {why}")
+                raise SystemExit(f"pagoda {self.command}: error: {why}")
             try:
                 if requests.get(self.url + self.ready_path, timeout=5).status_code == 200:
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.25)
-        raise SystemExit(f"bench serve: {self.label} was not ready within {timeout:.0f}s")
+        raise SystemExit(f"pagoda {self.command}: error: {self.label} was not ready within {timeout:.0f}s")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

@@ -105,12 +105,11 @@ def register(commands, bench) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from serving.app import build_apis
+    from serving.app import checked_config
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
     try:
-        cfg = ServeConfig.from_sources(flags)
-        build_apis(cfg)  # reads presets and policies here, before gunicorn forks: a bad file stops us, named
+        cfg = checked_config(flags)  # before gunicorn forks
     except ValueError as exc:  # one line and exit 2, as every command answers a bad flag
         print(f"pagoda serve: error: {exc}", file=sys.stderr)
         return 2
@@ -121,10 +120,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from serving.app import check_serve_argv
+    from serving.bench import ServerProcess
+
     if args.generate:
-        from serving.generate.bench import run_bench
+        from serving.generate.bench import run_bench, server_flags
     else:
-        from serving.decide.bench import run_bench
+        from serving.decide.bench import run_bench, server_flags
 
     for flag, value in (("--baseline-server", args.baseline_server), ("--baseline-python", args.baseline_python),
                         ("--reference", args.reference)):
@@ -152,6 +154,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"pagoda bench serve: error: --concurrency: expected a comma list of positive client counts, "
               f"got {concurrency!r}", file=sys.stderr)
         return 2
+    for flags in server_flags(args, levels):  # what each server would refuse, before the first (or a model) loads
+        check_serve_argv(ServerProcess.argv(flags))  # a ValueError: one line from main, naming this command
     return run_bench(args, levels, out=sys.stdout)
 
 

@@ -66,7 +66,10 @@ def run(args, out: TextIO | None = None) -> int:
     for flag, value in (("--model", args.model), ("--generate-model", args.generate_model)):
         if value is not None:
             flags += [flag, value]
-    server = ServerProcess(flags)
+    from serving.app import check_serve_argv
+
+    check_serve_argv(ServerProcess.argv(flags))  # its refusal (a ValueError) is one line from main, naming us
+    server = ServerProcess(flags, command="bench soak")
     try:
         server.wait_ready()
         generate = args.generate_every > 0 and "/v1/chat/completions" in requests.get(

@@ -68,15 +68,20 @@ class LayaServe(ServerProcess):
             except requests.RequestException:
                 time.sleep(0.25)
         self.log.seek(0)
-        raise SystemExit(f"bench serve: laya-serve did not come up: {self.log.read().decode()[-2000:]}")
+        raise SystemExit(f"pagoda {self.command}: error: laya-serve did not come up: {self.log.read().decode()[-2000:]}")
 
     def stop(self) -> None:
         super().stop()
         self._cwd.cleanup()
 
 
-def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
-    """(name, server factory) per mode, in the order they run."""
+def server_flags(args, levels: list[int]) -> list[list[str]]:
+    """The flags of every `pagoda serve` the run starts (`pagoda bench serve` checks them all before the first)."""
+    return [flags for _, flags in _servers(args, levels)]
+
+
+def _servers(args, levels: list[int]) -> list[tuple[str, list[str]]]:
+    """(mode name, `pagoda serve` flags) per mode of ours, in the order they run."""
     precisions = [p.strip() for p in _precisions(args).split(",") if p.strip()]
     # Closed-loop clients wait as long as a queue takes (laya-serve's do): no 504s from the default deadline.
     common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads),
@@ -85,13 +90,16 @@ def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
         if value is not None:
             common += [flag, str(value)]
     if args.student:
-        return [("batching off", lambda: ServerProcess(common + ["--no-batching"])),
-                ("batching on", lambda: ServerProcess(common + ["--batching"]))]
-    modes = [(f"pagoda {precisions[0]}, batching off",
-              lambda: ServerProcess(common + ["--no-batching", "--precision", precisions[0]]))]
-    for p in precisions:
-        modes.append((f"pagoda {p}, batching on", lambda p=p: ServerProcess(common + ["--batching", "--precision", p])))
-    reference = _reference(args)
+        return [("batching off", common + ["--no-batching"]), ("batching on", common + ["--batching"])]
+    return [(f"pagoda {precisions[0]}, batching off", common + ["--no-batching", "--precision", precisions[0]])] + [
+        (f"pagoda {p}, batching on", common + ["--batching", "--precision", p]) for p in precisions]
+
+
+def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
+    """(name, server factory) per mode, in the order they run."""
+    modes: list[tuple[str, object]] = [(name, lambda flags=flags: ServerProcess(flags))
+                                       for name, flags in _servers(args, levels)]
+    reference = None if args.student else _reference(args)  # a student's rows have no laya-serve to compare
     if reference:
         modes.append(("laya-serve 0.4.15 (fp32)",
                       lambda: LayaServe(reference, args.model or _default_model(),

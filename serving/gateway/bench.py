@@ -12,6 +12,7 @@ one torch thread; every server runs without its access log, as `pagoda bench ser
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 import requests
 import yaml
 
+from serving.app import check_serve_argv
 from serving.bench import ServerProcess, free_port
 from serving.generate.bench import messages, stream_chat, stream_loop
 
@@ -36,20 +38,43 @@ DEFAULT_STUDENT = Path("models/students/support-triage")
 class GatewayProcess(ServerProcess):
     """`pagoda gateway FLAGS` on a free loopback port: `ServerProcess`'s lifecycle, the other command."""
 
+    label = "the gateway"
+    command = "bench gateway"
+
     def __init__(self, flags: list[str]):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", "gateway", "--host", "127.0.0.1", "--port", str(self.port),
-             "--no-access-log", *flags], env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+            [sys.executable, "-m", "serving.cli", "gateway", *self.argv(flags, self.port)],
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
             stdout=subprocess.DEVNULL, stderr=self.log)
+
+    @classmethod
+    def check(cls, flags: list[str]) -> None:
+        """Raise the `ValueError` `pagoda gateway FLAGS` would refuse to start with, or its worker to build the
+        decision model the bench's rules ask (as `serving.app.check_serve_argv` does for a server), before the
+        first server starts: the routed gateways start last, after minutes of measurement."""
+        from serving.gateway.config import GatewayConfig, add_arguments
+
+        parser = argparse.ArgumentParser(prog="pagoda gateway", conflict_handler="resolve")
+        add_arguments(parser)
+        cfg = GatewayConfig.load(vars(parser.parse_args(cls.argv(flags, 0))))
+        if cfg.model or cfg.student:
+            cfg.decide_config()
+
+
+UPSTREAM = "edge=http://127.0.0.1:1"  # what a gateway's flags are checked with, before its upstream has a port
 
 
 def run_bench(args: Any, out: TextIO) -> int:
     model = args.generate_model or "default"
-    upstream = ServerProcess(["--generate-only", "--generate-model", model, "--generate-name", "bench-llm",
-                              "--generate-torch-threads", "1"])
+    flags = ["--generate-only", "--generate-model", model, "--generate-name", "bench-llm", "--generate-torch-threads", "1"]
+    setups = [] if args.skip_decisions else decision_setups(args)
+    check_serve_argv(ServerProcess.argv(flags))  # every server's flags before the first starts: the decision rows last
+    for gateway_flags in [[], *(setup[2] for setup in setups)]:
+        GatewayProcess.check(["--upstream", UPSTREAM, *gateway_flags])
+    upstream = ServerProcess(flags, command="bench gateway")
     started: list[ServerProcess] = [upstream]
     try:
         upstream.wait_ready()
@@ -59,8 +84,8 @@ def run_bench(args: Any, out: TextIO) -> int:
         out.write(f"pagoda bench gateway: upstream {model} at {upstream.url}; {args.rounds} alternating rounds, "
                   f"{args.seconds:g}s each\n")
         pass_through(args, upstream, plain, out)
-        if not args.skip_decisions:
-            decisions(args, upstream.url, plain.url, started, out)
+        if setups:
+            decisions(args, setups, upstream.url, plain.url, started, out)
     finally:
         for proc in started:
             proc.stop()
@@ -175,7 +200,8 @@ def cpu_seconds(server: ServerProcess) -> float:
     return total
 
 
-def decisions(args: Any, upstream_url: str, plain_url: str, started: list, out: TextIO) -> None:
+def decision_setups(args: Any) -> list[tuple[str, dict, list[str]]]:
+    """(row label, the rules' question, the routed gateway's flags) per decision row."""
     setups = [("laya-mini" if not args.model else Path(args.model).name,
                {"needs_reasoning": NEEDS_REASONING}, ["--model", args.model] if args.model else [])]
     student = Path(args.student) if args.student else DEFAULT_STUDENT
@@ -184,8 +210,13 @@ def decisions(args: Any, upstream_url: str, plain_url: str, started: list, out: 
 
         name, question = next(iter(Student(str(student)).questions.items()))
         setups.append((f"student {student.name}", {name: question}, ["--student", str(student)]))
-    else:
-        out.write(f"(no student at {student}: its row is skipped)\n")
+    return setups
+
+
+def decisions(args: Any, setups: list[tuple[str, dict, list[str]]], upstream_url: str, plain_url: str, started: list,
+              out: TextIO) -> None:
+    if len(setups) == 1:
+        out.write(f"(no student at {Path(args.student) if args.student else DEFAULT_STUDENT}: its row is skipped)\n")
     rows = []
     for label, questions, flags in setups:
         name = next(iter(questions))

@@ -7,20 +7,17 @@ import math
 import sys
 from typing import Any
 
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, add_arguments
 
 
 def register(commands: Any, bench: Any) -> None:
-    # conflict_handler="resolve": --upstream is re-declared below as a repeatable flag.
+    # conflict_handler="resolve": add_arguments declares --upstream again, as a repeatable flag.
     p = commands.add_parser("gateway", help="one endpoint in front of generation servers (pagoda, vLLM, SGLang, "
                                             "llama.cpp): pass-through, health checks, routing by a Laya decision",
                             description="Start the gateway. Every flag also reads PAGODA_<FLAG> from the "
                                         "environment, and a --config file under that; PAGODA_API_KEY turns on "
                                         "bearer auth.", conflict_handler="resolve")
-    GatewayConfig.add_arguments(p)
-    p.add_argument("--upstream", action="append", default=None, metavar="NAME=URL",
-                   help="an upstream server; repeat for more; the same NAME twice makes a group of replicas "
-                        "[env PAGODA_UPSTREAM, comma-separated]")
+    add_arguments(p)
     p.set_defaults(func=_gateway)
 
     b = bench.add_parser("gateway", help="added latency and streaming throughput of pagoda gateway vs calling "

@@ -12,6 +12,7 @@ app factory and gunicorn wrapper run the gateway unchanged.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -114,6 +115,15 @@ class GatewayConfig(FrontSettings):
         """The decision model's settings, for `serving.decide`'s service (its limits are HTTP ones: unused)."""
         return DecideConfig(model=self.model, student=self.student, device=self.device,
                             torch_threads=self.torch_threads, presets="", max_wait_ms=self.decision_max_wait_ms)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`pagoda gateway`'s flags, for its command and for a bench that checks a gateway's flags before starting
+    it. `parser` must resolve conflicts: `--upstream` is declared again, as a flag that repeats."""
+    GatewayConfig.add_arguments(parser)
+    parser.add_argument("--upstream", action="append", default=None, metavar="NAME=URL",
+                        help="an upstream server; repeat for more; the same NAME twice makes a group of replicas "
+                             "[env PAGODA_UPSTREAM, comma-separated]")
 
 
 def parse_upstreams(text: str | None, where: str) -> list[UpstreamSpec]:

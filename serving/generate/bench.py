@@ -176,17 +176,33 @@ def llama_cpp_python(python: str, model: Path, threads: int) -> Peer:
                                                   "--n_ctx", "4096", "--interrupt_requests", "false"], "/v1/models")
 
 
+def _server(args: Any, levels: list[int]) -> tuple[Path, int, list[str]]:
+    """The model, the torch threads and our server's flags: one answer for the run and the check before it."""
+    import torch
+
+    from generation.weights import default_model_path
+
+    threads = args.torch_threads or torch.get_num_threads()
+    path = Path(args.generate_model) if args.generate_model else default_model_path()
+    return path, threads, ["--generate-only", "--generate-model", str(path), "--generate-torch-threads", str(threads),
+                           "--generate-dtype", args.generate_dtype,
+                           "--threads", str(2 * max(levels) + 8), "--generate-threads", str(2 * max(levels))]
+
+
+def server_flags(args: Any, levels: list[int]) -> list[list[str]]:
+    """The flags of the `pagoda serve` the run starts (`pagoda bench serve` checks them before the run)."""
+    return [_server(args, levels)[2]]
+
+
 def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     import torch
 
     from generation.bench import hf_reference
     from generation.config import EngineConfig
     from generation.engine import Engine
-    from generation.weights import default_model_path
 
-    threads = args.torch_threads or torch.get_num_threads()
+    path, threads, flags = _server(args, levels)
     torch.set_num_threads(threads)
-    path = Path(args.generate_model) if args.generate_model else default_model_path()
     engine = Engine(EngineConfig(model=str(path), dtype=args.generate_dtype))
     system = system_prompt(engine.tokenizer, args.prefix_tokens)
     prompt_tokens = len(engine.tokenizer.encode(engine.apply_chat_template(messages(system, 0, 0))))
@@ -197,9 +213,7 @@ def run_bench(args: Any, levels: list[int], out: TextIO) -> int:
     rows: dict[str, dict[int, dict]] = {}
 
     tokenizer = engine.tokenizer
-    server = ServerProcess(["--generate-only", "--generate-model", str(path), "--generate-torch-threads", str(threads),
-                            "--generate-dtype", args.generate_dtype,
-                            "--threads", str(2 * max(levels) + 8), "--generate-threads", str(2 * max(levels))])
+    server = ServerProcess(flags)
     try:
         server.wait_ready()
         name = requests.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]

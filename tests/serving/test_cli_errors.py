@@ -99,6 +99,23 @@ TORCH_THREADS = [
 ]
 
 
+# Flags and variables a bench hands the servers it starts: each server refused them itself once started (after the
+# model loaded, or after other servers were measured), as "bench serve" whatever the bench. Now refused before the
+# first starts; starting one fails the test.
+CHILD_FLAGS = [
+    (["bench", "soak", "--model", "/nonexistent"], {}, "--model / PAGODA_MODEL /nonexistent: no such folder"),
+    (["bench", "soak", "--torch-threads", "-1"], {}, "--torch-threads / PAGODA_TORCH_THREADS must be in 0..1024"),
+    (["bench", "gateway", "--generate-model", "/nonexistent"], {},
+     "--generate-model / PAGODA_GENERATE_MODEL /nonexistent: neither a model folder"),
+    (["bench", "gateway", "--model", "/nonexistent"], {}, "--model / PAGODA_MODEL /nonexistent: no such file or folder"),
+    (["bench", "gateway", "--model", README], {}, f"--model / PAGODA_MODEL {README}: no such folder"),
+    (["bench", "serve", "--precision", "exact,fp4"], {}, "--precision / PAGODA_PRECISION must be one of"),
+    (["bench", "serve", "--max-wait-ms", "-1"], {}, "--max-wait-ms / PAGODA_MAX_WAIT_MS must not be negative"),
+    (["bench", "serve", "--generate"], {"PAGODA_GENERATE_KV_CACHE_MB": "0"},
+     "--generate-kv-cache-mb / PAGODA_GENERATE_KV_CACHE_MB must be at least 1"),
+]
+
+
 def _run(argv, capsys) -> tuple[int, str]:
     try:
         rc = main(argv)
@@ -127,6 +144,19 @@ def test_a_torch_thread_count_past_the_bound_is_refused_before_torch_gets_it(arg
     rc, err = _run(argv, capsys)
     assert rc == 2 and err == f"pagoda {' '.join(argv[:2] if argv[0] == 'bench' else argv[:1])}: error: {needle}, " \
                               f"got 99999\n", err
+
+
+@pytest.mark.parametrize(("argv", "env", "needle"), CHILD_FLAGS, ids=[" ".join(a) for a, _, _ in CHILD_FLAGS])
+def test_a_bench_refuses_its_servers_flags_before_starting_one(argv, env, needle, capsys, monkeypatch):
+    def started(*args, **kwargs):
+        raise AssertionError("a server started")
+
+    monkeypatch.setattr("serving.bench.ServerProcess.__init__", started)
+    monkeypatch.setattr("serving.gateway.bench.GatewayProcess.__init__", started)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rc, err = _run(argv, capsys)
+    assert rc == 2 and err.startswith(f"pagoda bench {argv[1]}: error: {needle}") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("argv", [["generate", "-p", "hi", "--model", "/nonexistent"],

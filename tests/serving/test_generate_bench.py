@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.bench import plot_by_clients, run_clients
+from serving.bench import ServerProcess, plot_by_clients, run_clients
+from serving.gateway.bench import GatewayProcess
 from serving.generate.bench import Peer, _measure_baseline, _table
 
 PEER = textwrap.dedent('''
@@ -89,6 +90,17 @@ def test_a_peer_that_dies_is_reported_with_its_cause_and_the_run_goes_on(tmp_pat
 def test_a_peer_that_never_starts_says_why(tmp_path):
     with pytest.raises(SystemExit, match=r"exit-peer exited \(exit code 3\): error: unknown model"):
         _peer(tmp_path, "exit")
+
+
+def test_a_server_that_exits_is_named_by_the_bench_that_started_it():
+    """`bench soak` and `bench gateway` start servers too, and their errors said `bench serve`. (Both servers
+    refuse their flags before they bind a port.)"""
+    with pytest.raises(SystemExit, match=r"^pagoda bench soak: error: the server exited \(exit code 2\): pagoda serve: "
+                                         r"error: --workers / PAGODA_WORKERS must be at least 1"):
+        ServerProcess(["--workers", "0"], command="bench soak").wait_ready(timeout=120)
+    with pytest.raises(SystemExit, match=r"^pagoda bench gateway: error: the gateway exited \(exit code 2\): pagoda "
+                                         r"gateway: error: --upstream / PAGODA_UPSTREAM: 'nonsense' is not NAME=URL"):
+        GatewayProcess(["--upstream", "nonsense"]).wait_ready(timeout=120)
 
 
 def test_tokens_are_counted_from_usage_not_from_chunks(tmp_path):
