@@ -29,7 +29,8 @@ BF16_UNITS = ("amx_bf16", "avx512_bf16")
 INT8_DOT = ("avx512_vnni", "avx_vnni", "amx_int8")
 REPORTED = ("avx2", "fma", "avx512f", *INT8_DOT, *BF16_UNITS)
 # torch takes any positive thread count, but its pool segfaults or hangs at the first op on 99999 (4096 runs);
-# more threads than any machine here has cores only slows a run down, so a count past this is a typo.
+# more threads than any machine here has cores only slows a run down, so a count past this is a typo. The same
+# bound as generation.config.MAX_TORCH_THREADS (tests/serving/test_config.py holds them equal).
 MAX_THREADS = 1024
 
 

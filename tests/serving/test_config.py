@@ -154,3 +154,11 @@ def test_serve_refuses_a_max_model_len_past_the_models_positions(tiny_llama, mon
     assert rc == 2 and err.splitlines()[-1] == (
         "pagoda serve: error: --generate-max-model-len / PAGODA_GENERATE_MAX_MODEL_LEN: 1025 is past the model's "
         "1024 positions (max_position_embeddings; a GGUF's context_length)"), err
+
+
+def test_laya_and_generation_bound_thread_counts_alike():
+    """The two packages cannot share the constant (neither imports the other); a server holds both."""
+    from generation.config import MAX_TORCH_THREADS
+    from laya.precision import MAX_THREADS
+
+    assert MAX_THREADS == MAX_TORCH_THREADS
