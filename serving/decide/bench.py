@@ -77,12 +77,23 @@ class LayaServe(ServerProcess):
 
 def server_flags(args, levels: list[int]) -> list[list[str]]:
     """The flags of every `pagoda serve` the run starts (`pagoda bench serve` checks them all before the first)."""
+    if not args.student:
+        _preset_questions(args.preset)
     return [flags for _, flags in _servers(args, levels)]
+
+
+def _preset_questions(name: str) -> dict:
+    import yaml
+
+    presets = yaml.safe_load(SHIPPED_PRESETS.read_text())
+    if name not in presets:
+        raise ValueError(f"--preset: {name!r} is not a shipped preset (one of {', '.join(sorted(presets))})")
+    return presets[name]
 
 
 def _servers(args, levels: list[int]) -> list[tuple[str, list[str]]]:
     """(mode name, `pagoda serve` flags) per mode of ours, in the order they run."""
-    precisions = [p.strip() for p in _precisions(args).split(",") if p.strip()]
+    precisions = _precision_list(args)
     # Closed-loop clients wait as long as a queue takes (laya-serve's do): no 504s from the default deadline.
     common = ["--threads", str(max(64, 2 * max(levels))), "--torch-threads", str(args.torch_threads),
               "--workers", str(args.workers), "--request-timeout-s", "600", "--generate-model", "none"]
@@ -107,8 +118,12 @@ def _modes(args, levels: list[int]) -> list[tuple[str, object]]:
     return modes
 
 
-def _precisions(args) -> str:
-    return args.precision or os.environ.get("PAGODA_PRECISION") or "exact"
+def _precision_list(args) -> list[str]:
+    given = args.precision or os.environ.get("PAGODA_PRECISION") or "exact"
+    precisions = [p.strip() for p in given.split(",") if p.strip()]
+    if not precisions:
+        raise ValueError(f"--precision / PAGODA_PRECISION: expected a comma list of precisions, got {given!r}")
+    return precisions
 
 
 def _reference(args) -> str | None:
@@ -133,10 +148,8 @@ def run_bench(args, levels: list[int], out: TextIO) -> int:
         def body_for(c: int, i: int) -> dict:
             return {"state": f"{STATES[(c + i) % len(STATES)]} (#{c}-{i})"}
     else:
-        import yaml
-
         route = "/v1/systemone"
-        questions = yaml.safe_load(SHIPPED_PRESETS.read_text())[args.preset]
+        questions = _preset_questions(args.preset)
 
         def body_for(c: int, i: int) -> dict:
             return {"state": f"{STATES[(c + i) % len(STATES)]} (#{c}-{i})", "questions": questions, "model": "bench"}
@@ -193,13 +206,11 @@ def _model_ceiling(args, clients: int) -> str:
     """The most any batcher can gain on this model and machine: one forward over `clients` requests'
     rows against `clients` forwards of one request each, in this process, no HTTP."""
     import numpy as np
-    import yaml
 
     import laya
 
-    precision = _precisions(args).split(",")[0]
-    agent = laya.load(args.model, precision=precision, threads=args.torch_threads or None)
-    questions = yaml.safe_load(SHIPPED_PRESETS.read_text())[args.preset]
+    agent = laya.load(args.model, precision=_precision_list(args)[0], threads=args.torch_threads or None)
+    questions = _preset_questions(args.preset)
     prepared = [agent.prepare(f"{STATES[i % len(STATES)]} (#{i})", questions) for i in range(clients)]
 
     def timed(fn) -> float:

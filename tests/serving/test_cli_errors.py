@@ -111,6 +111,8 @@ CHILD_FLAGS = [
     (["bench", "gateway", "--model", README], {}, f"--model / PAGODA_MODEL {README}: no such folder"),
     (["bench", "serve", "--precision", "exact,fp4"], {}, "--precision / PAGODA_PRECISION must be one of"),
     (["bench", "serve", "--max-wait-ms", "-1"], {}, "--max-wait-ms / PAGODA_MAX_WAIT_MS must not be negative"),
+    (["bench", "serve", "--preset", "bogus"], {}, "--preset: 'bogus' is not a shipped preset (one of support-triage"),
+    (["bench", "serve", "--precision", ","], {}, "--precision / PAGODA_PRECISION: expected a comma list"),
     (["bench", "serve", "--generate"], {"PAGODA_GENERATE_KV_CACHE_MB": "0"},
      "--generate-kv-cache-mb / PAGODA_GENERATE_KV_CACHE_MB must be at least 1"),
 ]
