@@ -162,3 +162,14 @@ def test_laya_and_generation_bound_thread_counts_alike():
     from laya.precision import MAX_THREADS
 
     assert MAX_THREADS == MAX_TORCH_THREADS
+
+
+@pytest.mark.parametrize("flag,needle", [
+    ("--model", "--model / PAGODA_MODEL {}: not a model folder (no rl_agent_config.json)"),
+    ("--student", "--student / PAGODA_STUDENT {}: not a student folder (no student.json)"),
+])
+def test_the_gateway_refuses_a_folder_that_holds_no_decision_model(flag, needle, tmp_path):
+    """Refused before it starts, as pagoda serve refuses it: the gateway's worker used to fail to boot on it."""
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "gateway", "--upstream", "a=http://127.0.0.1:9", flag,
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"pagoda gateway: error: {needle.format(tmp_path)}\n", proc.stderr
