@@ -39,7 +39,7 @@ CASES = [
     (["bench", "decide", "--threads", "0"], "--threads"),
     (["train", "--data", "x", "--init", "y", "--out", "z", "--threads", "-1"], "--threads"),
     # non-finite numbers passed `>= 0`-style checks and trained a checkpoint of NaNs, exit 0
-    (["train", "--data", "x", "--init", "y", "--out", "z", "--lr", "inf"], "lr must be a finite number"),
+    (["train", "--data", "x", "--init", "y", "--out", "z", "--lr", "inf"], "--lr: must be a learning rate in [0, 1]"),
     (["train", "--data", "x", "--init", "y", "--out", "z", "--spherical", "nan"], "'spherical' must be a finite"),
     (["train", "--data", "x", "--init", "y", "--out", "z", "--epochs", "inf"], "epochs must be a finite number"),
     (["laya-mini", "finetune", "--init", "tests/fixtures/laya/bert-tiny", "--out", "/tmp/never", "--kl-weight", "inf"],
