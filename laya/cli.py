@@ -184,7 +184,8 @@ def _register_train(commands: Any) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--resume", action="store_true", help="continue from the last save in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the last save in --out, with the settings it was started with")
     p.add_argument("--stop-at", type=int, help="stop after this step (saved), to continue later with --resume")
     p.add_argument("--threads", type=thread_count)
     p.add_argument("--device", default=d.device)

@@ -8,7 +8,8 @@ Choices that matter:
 - Batches are drawn from a length-sorted window, so padding stays small without fixing the order.
 - A run is a pure function of (data, config, seed): the plan of every epoch is regenerated from
   the seed, so `resume` replays the plan up to the saved step and continues bit-for-bit on the
-  same machine and thread count.
+  same machine and thread count. It refuses settings that would change that plan, the schedule or what the
+  saved optimizer state is for (`RESUMED`, recorded in each save).
 - `precision="bf16"` runs the forward under bf16 autocast where the hardware has bf16 units (AMX or
   AVX512-BF16 on CPU, any CUDA GPU); the weights, their gradients, the optimizer and the loss stay fp32,
   so a bf16 run saves the same checkpoint layout and only the forward's rounding differs.
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
 
 STATE_FILE = "trainer_state.pt"
 TRAIN_PRECISIONS = ("fp32", "bf16")
+# What a resumed run must share with its save, by the flag (or `TrainConfig` field) that sets it: the plan
+# replayed to the saved step (seed, batch size, lengths, augmentation draws), the learning-rate schedule (its
+# length and peak) and what the saved optimizer state is for (its groups and weight decay). A resume that changed
+# one of these used to go on from a state that was not its own, exit 0. Threads, device, precision, dropout,
+# the loss weights and the eval/save cadence may change.
+RESUMED = {"batch_size": "--batch-size", "seed": "--seed", "epochs": "--epochs", "max_steps": "--max-steps",
+           "lr": "--lr", "encoder_lr": "--encoder-lr", "encoder_layers": "--encoder-layers", "max_len": "--max-len",
+           "head_max_len": "--head-max-len", "weight_decay": "train: weight_decay", "warmup": "train: warmup",
+           "shuffle_options": "train: shuffle_options", "option_subsets": "train: option_subsets"}
 
 
 def _device_type(device: str) -> str:
@@ -150,6 +160,26 @@ def check_loss(loss: float, step: int, where: str, lower: str) -> None:
     finish, exit 0 and save a model of NaNs. `lower` names the settings to lower, the usual cause."""
     if not math.isfinite(loss):
         raise ValueError(f"{where}: the loss is {loss} at step {step}, training diverged: lower {lower}")
+
+
+def check_resume(cfg: TrainConfig, saved: dict[str, Any], items: int, total: int) -> None:
+    """Refuse to resume the save in `cfg.out` under settings it was not made with (`RESUMED`), naming the flag
+    and the saved value. `saved` is the trainer state; one saved before it recorded its settings is checked
+    against the step it holds only."""
+    run = saved.get("run", {})
+    if "items" in run and run["items"] != items:
+        raise ValueError(f"--data: the run in {cfg.out} was saved training on {run['items']} items, "
+                         f"{cfg.data} holds {items}")
+    for name, flag in RESUMED.items():
+        if name == "epochs" and cfg.max_steps is not None and run.get("max_steps") == cfg.max_steps:
+            continue  # --max-steps sets the schedule's length; --epochs then counts for nothing
+        if name in run and run[name] != getattr(cfg, name):
+            raise ValueError(f"{flag}: the run in {cfg.out} was saved with {run[name]!r}, got "
+                             f"{getattr(cfg, name)!r}; resume with the settings it was started with")
+    if total < saved["step"]:
+        flag, value = ("--max-steps", cfg.max_steps) if cfg.max_steps is not None else ("--epochs", cfg.epochs)
+        raise ValueError(f"{flag}: {value} ends the run at step {total}, before step {saved['step']}, where the run "
+                         f"in {cfg.out} was saved")
 
 
 def build_model(cfg: TrainConfig):
@@ -273,10 +303,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     items = read_jsonl(cfg.data)
     eval_items = read_jsonl(cfg.eval_data) if cfg.eval_data else []
+    steps_per_epoch = math.ceil(len(items) / cfg.batch_size)
+    total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     resume_state = None
     state_path = os.path.join(cfg.out, STATE_FILE)
     if cfg.resume and os.path.isfile(state_path):
         resume_state = torch.load(state_path, weights_only=False)
+        check_resume(cfg, resume_state, len(items), total)
         cfg_init = cfg.init
         cfg.init, cfg.encoder = cfg.out, None   # weights come from the last save
         model, tok, config = build_model(cfg)
@@ -306,8 +339,6 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     augment = Augment(cfg.shuffle_options, cfg.option_subsets)
     # Length of each row in its data order, for batching similar lengths together.
     lengths = [encode(tok, it, budgets)[0].n_tokens for it in items]
-    steps_per_epoch = math.ceil(len(items) / cfg.batch_size)
-    total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     warm = max(1, round(cfg.warmup * total))
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
@@ -369,7 +400,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
                 history.append({"step": step, "train_loss": last["loss"], **ev})
                 bar.write(f"step {step}: eval accuracy {ev['accuracy']:.3f} nll {ev['nll']:.3f} (n={ev['n']})")
             if step % cfg.save_every == 0 or step == end:
-                _save(cfg, model, tok, config, opt, step, history, save_checkpoint)
+                _save(cfg, model, tok, config, opt, step, history, save_checkpoint, len(items))
         epoch += 1
     bar.close()
     elapsed = time.time() - t0
@@ -381,7 +412,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     return summary
 
 
-def _save(cfg, model, tok, config, opt, step, history, save_checkpoint) -> None:
+def _save(cfg, model, tok, config, opt, step, history, save_checkpoint, items: int) -> None:
     import torch
 
     config.extra["training"] = {"data": os.path.basename(cfg.data), "step": step, "seed": cfg.seed,
@@ -389,8 +420,9 @@ def _save(cfg, model, tok, config, opt, step, history, save_checkpoint) -> None:
     # fp32 while training so a resumed run continues from exactly what it had; `export` writes F16.
     save_checkpoint(cfg.out, model, tok, config, dtype=torch.float32)  # copies to CPU
     tmp = os.path.join(cfg.out, STATE_FILE + ".tmp")
+    run = {"items": items, **{name: getattr(cfg, name) for name in RESUMED}}  # what `check_resume` holds it to
     torch.save({"step": step, "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
-                "history": history}, tmp)
+                "history": history, "run": run}, tmp)
     os.replace(tmp, os.path.join(cfg.out, STATE_FILE))
 
 

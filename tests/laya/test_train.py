@@ -183,6 +183,50 @@ def test_values_refused_before_training(kw, message, laya_tiny_bert, data, tmp_p
     assert not (tmp_path / "o").exists()
 
 
+def _train_cli(ckpt, data, out, *argv):
+    from serving.cli import main
+
+    return main(["train", "--data", data, "--init", ckpt, "--out", str(out), "--threads", "1", "--max-len", "64",
+                 "--head-max-len", "48", "--batch-size", "8", "--max-steps", "6", "--encoder-lr", "1e-3",
+                 "--no-progress", *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "4"], "--batch-size: the run in {out} was saved with 8, got 4"),  # replayed another plan
+    (["--max-steps", "2"], "--max-steps: the run in {out} was saved with 6, got 2"),    # summary claimed step 2
+    (["--seed", "1"], "--seed: the run in {out} was saved with 0, got 1"),
+    (["--lr", "0.1"], "--lr: the run in {out} was saved with 0.003, got 0.1"),
+    (["--encoder-lr", "0"], "--encoder-lr: the run in {out} was saved with 0.001, got 0.0"),  # torch's group error
+])
+def test_resume_refuses_settings_its_save_was_not_made_with(argv, message, laya_tiny_bert, data, tmp_path, capsys):
+    """These resumed exit 0 from a plan, schedule or optimizer state that was not theirs."""
+    out = tmp_path / "r"
+    assert _train_cli(laya_tiny_bert, data, out, "--lr", "0.003", "--stop-at", "3") == 0
+    saved = load_file(str(out / "model.safetensors"))
+    capsys.readouterr()
+    assert _train_cli(laya_tiny_bert, data, out, "--lr", "0.003", "--resume", *argv) == 2
+    assert capsys.readouterr().err.strip() == (f"pagoda train: error: {message.format(out=out)}; resume with the "
+                                               "settings it was started with")
+    assert all(torch.equal(saved[k], v) for k, v in load_file(str(out / "model.safetensors")).items())
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
+
+
+def test_resume_refuses_other_data_and_a_schedule_that_ended_before_the_save(laya_tiny_bert, data, tmp_path):
+    out = tmp_path / "r"
+    train(_cfg(laya_tiny_bert, data, out, stop_at=3), progress=False)
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("".join(Path(data).read_text().splitlines(keepends=True)[:10]))
+    with pytest.raises(ValueError, match=f"--data: the run in {out} was saved training on 73 items, {fewer} holds 30"):
+        train(_cfg(laya_tiny_bert, str(fewer), out, resume=True), progress=False)
+    state = torch.load(out / "trainer_state.pt", weights_only=False)
+    del state["run"]    # a save from before the settings were recorded: only its step is known
+    torch.save(state, out / "trainer_state.pt")
+    with pytest.raises(ValueError, match=f"--max-steps: 2 ends the run at step 2, before step 3, where the run in "
+                                         f"{out} was saved"):
+        train(_cfg(laya_tiny_bert, data, out, resume=True, max_steps=2), progress=False)
+    assert train(_cfg(laya_tiny_bert, data, out, resume=True), progress=False)["steps"] == 6
+
+
 @pytest.mark.parametrize("argv, bar", [([], True), (["--no-progress"], False)])
 def test_cli(argv, bar, laya_tiny_bert, data, tmp_path, capsys):
     from serving.cli import main
