@@ -164,8 +164,8 @@ def check_loss(loss: float, step: int, where: str, lower: str) -> None:
 
 def check_resume(cfg: TrainConfig, saved: dict[str, Any], items: int, total: int) -> None:
     """Refuse to resume the save in `cfg.out` under settings it was not made with (`RESUMED`), naming the flag
-    and the saved value. `saved` is the trainer state; one saved before it recorded its settings is checked
-    against the step it holds only."""
+    and the saved value, or to stop or end at a step it is already past. `saved` is the trainer state; one saved
+    before it recorded its settings is checked against the step it holds only."""
     run = saved.get("run", {})
     if "items" in run and run["items"] != items:
         raise ValueError(f"--data: the run in {cfg.out} was saved training on {run['items']} items, "
@@ -176,6 +176,9 @@ def check_resume(cfg: TrainConfig, saved: dict[str, Any], items: int, total: int
         if name in run and run[name] != getattr(cfg, name):
             raise ValueError(f"{flag}: the run in {cfg.out} was saved with {run[name]!r}, got "
                              f"{getattr(cfg, name)!r}; resume with the settings it was started with")
+    if cfg.stop_at is not None and cfg.stop_at <= saved["step"]:  # replayed to it, saved nothing, claimed it
+        raise ValueError(f"--stop-at: step {cfg.stop_at} is not past step {saved['step']}, where the run in "
+                         f"{cfg.out} was saved; give a later step, or none to run to the end")
     if total < saved["step"]:
         flag, value = ("--max-steps", cfg.max_steps) if cfg.max_steps is not None else ("--epochs", cfg.epochs)
         raise ValueError(f"{flag}: {value} ends the run at step {total}, before step {saved['step']}, where the run "

@@ -211,6 +211,21 @@ def test_resume_refuses_settings_its_save_was_not_made_with(argv, message, laya_
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
 
 
+@pytest.mark.parametrize("stop_at", [2, 3])
+def test_resume_refuses_a_stop_at_not_past_the_saved_step(stop_at, laya_tiny_bert, data, tmp_path, capsys):
+    """It replayed the plan up to --stop-at, saved nothing and wrote a summary claiming that step, exit 0."""
+    out = tmp_path / "r"
+    assert _train_cli(laya_tiny_bert, data, out, "--stop-at", "3") == 0
+    capsys.readouterr()
+    assert _train_cli(laya_tiny_bert, data, out, "--resume", "--stop-at", str(stop_at)) == 2
+    assert capsys.readouterr().err.strip() == (f"pagoda train: error: --stop-at: step {stop_at} is not past step 3, "
+                                               f"where the run in {out} was saved; give a later step, or none to run "
+                                               "to the end")
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
+    assert _train_cli(laya_tiny_bert, data, out, "--resume", "--stop-at", "4") == 0
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 4
+
+
 def test_resume_refuses_other_data_and_a_schedule_that_ended_before_the_save(laya_tiny_bert, data, tmp_path):
     out = tmp_path / "r"
     train(_cfg(laya_tiny_bert, data, out, stop_at=3), progress=False)
