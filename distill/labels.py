@@ -19,6 +19,7 @@ import numpy as np
 
 from distill.task import Task
 from laya.answers import probabilities_from_answer
+from laya.checks import check_utf8
 from laya.rows import state_text
 
 ROW = "__row__"
@@ -41,8 +42,9 @@ def _blank(path: Path) -> bool:
 def load_corpus(path: str | os.PathLike, task: Task, flag: str = "--data"):
     """The data file as a `datasets.Dataset` with a global row index; json/jsonl/csv/parquet.
 
-    `flag` names the file in the error for one without rows: `datasets` met an empty file with a StopIteration
-    traceback, and a blank one, a header-only CSV or `[]` with "Instruction 'train' corresponds to no data!"."""
+    `flag` names the file in the errors for one without rows or not UTF-8: `datasets` met an empty file with a
+    StopIteration traceback, a blank one, a header-only CSV or `[]` with "Instruction 'train' corresponds to no
+    data!", a CSV not in UTF-8 with a traceback, and a JSON file not in UTF-8 only at the row it read."""
     from datasets import Dataset
 
     path = Path(path)
@@ -56,6 +58,8 @@ def load_corpus(path: str | os.PathLike, task: Task, flag: str = "--data"):
     empty = ValueError(f"{flag}: {path} holds no rows to distil")
     if _blank(path):
         raise empty
+    if suffix != ".parquet":  # datasets' JSON reader keeps bytes that are not UTF-8 and fails on the row later
+        check_utf8(path, flag)
     try:
         ds = readers[suffix](str(path))
     except ValueError as exc:

@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from laya.checks import check_utf8
 from laya.questions import Question, parse_question
 from laya.rows import Budgets, Row, build_rows, check_state
 
@@ -115,17 +116,22 @@ def _soft_target(q: Question, dist: Any, where: str) -> tuple[float, ...]:
     return tuple(p / total for p in out)
 
 
-def read_jsonl(path: str) -> list[Item]:
+def read_jsonl(path: str, flag: str = "--data") -> list[Item]:
+    """The file's items; `flag` names it when the file is not UTF-8."""
     items = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ex = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-            items.extend(items_from_example(ex, f"{path}:{i}"))
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ex = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+                items.extend(items_from_example(ex, f"{path}:{i}"))
+    except UnicodeDecodeError:
+        check_utf8(path, flag)   # names the flag and the byte's offset in the file, not in a read buffer
+        raise
     if not items:
         raise ValueError(f"{path}: no examples")
     return items

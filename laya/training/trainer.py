@@ -305,7 +305,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     items = read_jsonl(cfg.data)
-    eval_items = read_jsonl(cfg.eval_data) if cfg.eval_data else []
+    eval_items = read_jsonl(cfg.eval_data, "--eval-data") if cfg.eval_data else []
     steps_per_epoch = math.ceil(len(items) / cfg.batch_size)
     total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     resume_state = None

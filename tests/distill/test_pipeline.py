@@ -371,6 +371,28 @@ def test_a_data_file_without_rows_is_one_line_naming_data(distill_inputs, tmp_pa
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("name", ["latin1.jsonl", "latin1.csv"])
+def test_a_data_file_not_in_utf8_is_one_line_naming_data(distill_inputs, tmp_path, name):
+    """A JSONL one failed when labelling reached the row, with "'utf-8' codec can't decode byte 0xe9 in position
+    178" (a position in pyarrow's string, not in the file); a CSV one was a DatasetGenerationError traceback."""
+    rows = [json.loads(line) for line in Path(distill_inputs["data"]).read_text().splitlines()]
+    rows[5]["text"] += " caf\u00e9"
+    if name.endswith(".csv"):
+        lines = ["text"] + [" ".join(r["text"].replace(",", " ").replace('"', " ").split()) for r in rows]
+    else:
+        lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    data = tmp_path / name
+    data.write_bytes("".join(line + "\n" for line in lines).encode("latin-1"))
+    offset = data.read_bytes().index(b"caf\xe9") + 3
+    proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
+                  str(data), "--out", str(tmp_path / "o"), "--no-progress", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"pagoda distill: error: --data: {data} is not UTF-8: byte 0xe9 "
+                                                    f"at offset {offset} (line {len(lines) - len(rows) + 6}); save it "
+                                                    "as UTF-8")
+    assert not (tmp_path / "o").exists()
+
+
 def test_bench_distill_prints_ratios_for_every_variant(student_dir):
     proc = pagoda("bench", "distill", "--student", str(student_dir), "--teacher", "none", "--singles", "5")
     lines = proc.stdout.splitlines()

@@ -128,3 +128,14 @@ def test_ece_by_chance_names_itself_on_mismatched_input():
         ece_by_chance(np.array([0.9, 0.8]), np.array([1.0]))
     with pytest.raises(ValueError, match="ece_by_chance"):
         ece_by_chance(np.array([]), np.array([]))
+
+
+def test_cli_names_data_not_in_utf8(laya_tiny_bert, tmp_path, capsys):
+    """It was "'utf-8' codec can't decode byte 0xe9 in position 14", naming neither the flag nor the file."""
+    from serving.cli import main
+
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"state": "caf\u00e9"}\n'.encode("latin-1"))
+    assert main(["calibrate", "--model", laya_tiny_bert, "--data", str(latin1), "--out", str(tmp_path / "c")]) == 2
+    assert capsys.readouterr().err.strip() == (f"pagoda calibrate: error: --data: {latin1} is not UTF-8: byte 0xe9 "
+                                               "at offset 14 (line 1); save it as UTF-8")

@@ -242,6 +242,36 @@ def test_resume_refuses_other_data_and_a_schedule_that_ended_before_the_save(lay
     assert train(_cfg(laya_tiny_bert, data, out, resume=True), progress=False)["steps"] == 6
 
 
+@pytest.mark.parametrize("flag", ["--data", "--eval-data"])
+def test_a_data_file_not_in_utf8_is_one_line_naming_its_flag(flag, laya_tiny_bert, data, tmp_path, capsys):
+    """It was "'utf-8' codec can't decode byte 0xe9 in position 14", a position in a read buffer, no flag named."""
+    from serving.cli import main
+
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(Path(data).read_bytes() + '{"state": "caf\u00e9"}\n'.encode("latin-1"))
+    offset = len(Path(data).read_bytes()) + len('{"state": "caf')
+    files = {"--data": data, "--eval-data": data, flag: str(latin1)}
+    assert main(["train", *[a for f in files.items() for a in f], "--init", laya_tiny_bert, "--out",
+                 str(tmp_path / "o"), "--threads", "1", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == (f"pagoda train: error: {flag}: {latin1} is not UTF-8: byte 0xe9 at "
+                                               f"offset {offset} (line 26); save it as UTF-8")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_utf8_check_counts_offsets_across_its_reads(tmp_path):
+    from laya.checks import check_utf8
+
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"a\n" * 40000 + "\u00e9\u20ac".encode() + b"\xff")   # past the first 64 KiB read
+    with pytest.raises(ValueError, match=r"^-x: .* is not UTF-8: byte 0xff at offset 80005 \(line 40001\)"):
+        check_utf8(text, "-x")
+    text.write_bytes(b"a" * 65535 + "\u20ac".encode())   # a character split by the reads is fine
+    check_utf8(text, "-x")
+    text.write_bytes(b"ok\n" + "\u20ac".encode()[:2])   # one cut at the end is not
+    with pytest.raises(ValueError, match=r"byte 0xe2 at offset 3 \(line 2\)"):
+        check_utf8(text, "-x")
+
+
 @pytest.mark.parametrize("argv, bar", [([], True), (["--no-progress"], False)])
 def test_cli(argv, bar, laya_tiny_bert, data, tmp_path, capsys):
     from serving.cli import main
