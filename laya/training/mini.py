@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,32 @@ class MiniSpec:
     # The temperatures also fit the hand-written calibration tickets (`laya.corpus.handwritten`): natural text
     # the synthetic calib split does not stand for, on which the head is wrong more often than there.
     calib_tickets: bool = True
+
+    def validate(self) -> None:
+        """Ranges, checked before the corpus is built: a field out of range used to surface after it, as the
+        trainer's flag (`--lr`) or setting (`train: epochs`) rather than as the --spec field to change. Types are
+        `laya.cli`'s check of --spec."""
+        from laya.corpus.build import CorpusConfig
+
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"--spec: {name}: {rule}, got {getattr(self, name)!r}")
+
+        need(self.head_layers >= 0, "head_layers", "must be >= 0")
+        for name in ("batch_size", "encoder_layers", "max_len", "head_max_len"):
+            need(getattr(self, name) >= 1, name, "must be >= 1")
+        for name in ("lr", "encoder_lr"):   # `TrainConfig`'s bound: 1e308 trained a model of NaNs
+            need(0 <= getattr(self, name) <= 1, name, "must be a learning rate in [0, 1]")
+        need(0 < self.epochs < math.inf, "epochs", "must be a finite number > 0")
+        for name in ("intents_train", "intents_calib"):
+            need(getattr(self, name) >= 0, name, "must be >= 0")
+        need(0 <= self.teacher_weight <= 1, "teacher_weight", "must be in [0, 1]")
+        need(0 < self.teacher_tau < math.inf, "teacher_tau", "must be a finite number > 0")
+        splits = {f.name for f in fields(CorpusConfig) if f.name not in ("seed", "opaque_options")}
+        unknown = sorted(set(self.corpus) - splits)
+        if unknown:   # was a TypeError traceback from CorpusConfig, once the build began
+            raise ValueError(f"--spec: corpus: {unknown[0]!r} is not a split (known: {', '.join(sorted(splits))})")
+        need(all(n >= 0 for n in self.corpus.values()), "corpus", "counts must be >= 0")
 
 
 def is_built(path: Path | None = None, head_dir: Path = HEAD_DIR) -> bool:
@@ -266,6 +293,7 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
     from laya.training.examples import read_jsonl
     from laya.training.trainer import TrainConfig, check_precision, train
 
+    spec.validate()
     check_device(device)     # before the corpus and the teacher's embeddings, not minutes into the build
     check_precision(precision, device)
     check_threads(threads)

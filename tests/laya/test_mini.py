@@ -8,6 +8,7 @@ evaluation of the quality issue (issue 15: `pagoda laya-mini eval`, labels the h
 training, against the MiniLM cosine baseline in the same run), not by this file."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -164,4 +165,25 @@ def test_figures_that_name_a_file_are_refused_before_the_build(tmp_path, capsys)
     figures.write_text("")
     assert _build(tmp_path, "--figures", str(figures), "--spec", json.dumps(TINY_SPEC)) == 2
     assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: --figures: {figures} is a file; give a folder to write into"
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"epochs": -1}, "--spec: epochs: must be a finite number > 0, got -1.0"),    # was 'train: epochs ...'
+    ({"lr": 5}, "--spec: lr: must be a learning rate in [0, 1], got 5.0"),        # was '--lr: ...'
+    ({"batch_size": 0}, "--spec: batch_size: must be >= 1, got 0"),
+    ({"teacher_tau": 0}, "--spec: teacher_tau: must be a finite number > 0, got 0.0"),
+    ({"corpus": {"tickets_trian": 5}}, "--spec: corpus: 'tickets_trian' is not a split (known: reviews_calib, "
+                                       "reviews_test, reviews_train, tickets_calib, tickets_test, tickets_train, "
+                                       "tickets_unseen)"),                        # was a TypeError traceback
+    ({"corpus": {"tickets_train": -1}}, "--spec: corpus: counts must be >= 0, got {'tickets_train': -1}"),
+])
+def test_a_spec_field_out_of_range_is_refused_before_the_corpus(tmp_path, capsys, override, message):
+    """These surfaced after the corpus was built, named as the trainer's settings rather than the spec's field."""
+    assert _build(tmp_path, "--spec", json.dumps({**TINY_SPEC, **override})) == 2
+    assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: {message}"
+    assert not (tmp_path / "work").exists()
+    with pytest.raises(ValueError, match=re.escape(message.rsplit(", got", 1)[0])):  # the API: -1, not -1.0
+        mini.build_from_scratch(mini.MiniSpec(**{**TINY_SPEC, **override}), tmp_path / "work", tmp_path / "out",
+                                tmp_path / "head", threads=1)
     assert not (tmp_path / "work").exists()
