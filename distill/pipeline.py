@@ -93,13 +93,14 @@ class Run:
             if question not in task.questions:
                 raise ValueError(f"eval_gold: {question!r} is not a question of task {task.name!r} "
                                  f"(has {sorted(task.questions)})")
-        if self.eval_gold:  # now, not after labelling and training: the report is the last stage
-            for name, path in self.eval_data.items():
-                columns = L.load_corpus(path, dataclasses.replace(task, gold={}), "--eval-data").column_names
-                for question, column in self.eval_gold.items():
-                    if column not in columns:
-                        raise ValueError(f"eval_gold: {question}={column}: column {column!r} is not in eval data "
-                                         f"{name}={path} (columns: {sorted(columns)})")
+        # Read now, not after labelling and training: the report is the last stage, and an eval file without rows,
+        # not in UTF-8 or without a --eval-gold column was refused only there.
+        for name, path in self.eval_data.items():
+            columns = L.load_corpus(path, dataclasses.replace(task, gold={}), "--eval-data").column_names
+            for question, column in self.eval_gold.items():
+                if column not in columns:
+                    raise ValueError(f"eval_gold: {question}={column}: column {column!r} is not in eval data "
+                                     f"{name}={path} (columns: {sorted(columns)})")
         self.layout = Layout(Path(out))
         self.teacher_dir = resolve_teacher(teacher)
         if task.student.kind == "encoder" and task.student.init == "teacher":

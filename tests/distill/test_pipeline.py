@@ -371,6 +371,18 @@ def test_a_data_file_without_rows_is_one_line_naming_data(distill_inputs, tmp_pa
     assert not (tmp_path / "o").exists()
 
 
+def test_an_eval_data_file_without_rows_is_refused_before_labelling(distill_inputs, tmp_path):
+    """Without --eval-gold the eval files were first read by the report, after labelling, training and export."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
+                  str(distill_inputs["data"]), "--out", str(tmp_path / "o"), "--eval-data", f"e={empty}",
+                  "--no-progress", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"pagoda distill: error: --eval-data: {empty} holds no rows to distil"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("name", ["latin1.jsonl", "latin1.csv"])
 def test_a_data_file_not_in_utf8_is_one_line_naming_data(distill_inputs, tmp_path, name):
     """A JSONL one failed when labelling reached the row, with "'utf-8' codec can't decode byte 0xe9 in position
