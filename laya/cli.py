@@ -359,7 +359,7 @@ def _mini_build(args: argparse.Namespace) -> int:
             mini.assemble(out, head_dir)
             print(f"laya-mini assembled in {time.time() - t:.1f}s from the installed encoder and {head_dir} -> {out}")
     except (ValueError, FileNotFoundError) as exc:
-        print(f"pagoda laya-mini: error: {exc}", file=sys.stderr)
+        print(f"pagoda laya-mini build: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -148,7 +148,7 @@ def _build(tmp_path, *argv):
 ])
 def test_a_spec_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, capsys, override, message):
     assert _build(tmp_path, "--spec", json.dumps({**TINY_SPEC, **override})) == 2
-    assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: {message}"
+    assert capsys.readouterr().err.strip() == f"pagoda laya-mini build: error: {message}"
     assert not (tmp_path / "work").exists()
 
 
@@ -164,7 +164,8 @@ def test_figures_that_name_a_file_are_refused_before_the_build(tmp_path, capsys)
     figures = tmp_path / "figures.png"
     figures.write_text("")
     assert _build(tmp_path, "--figures", str(figures), "--spec", json.dumps(TINY_SPEC)) == 2
-    assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: --figures: {figures} is a file; give a folder to write into"
+    assert capsys.readouterr().err.strip() == (f"pagoda laya-mini build: error: --figures: {figures} is a file; give a "
+                                               "folder to write into")
     assert not (tmp_path / "work").exists()
 
 
@@ -181,7 +182,7 @@ def test_figures_that_name_a_file_are_refused_before_the_build(tmp_path, capsys)
 def test_a_spec_field_out_of_range_is_refused_before_the_corpus(tmp_path, capsys, override, message):
     """These surfaced after the corpus was built, named as the trainer's settings rather than the spec's field."""
     assert _build(tmp_path, "--spec", json.dumps({**TINY_SPEC, **override})) == 2
-    assert capsys.readouterr().err.strip() == f"pagoda laya-mini: error: {message}"
+    assert capsys.readouterr().err.strip() == f"pagoda laya-mini build: error: {message}"
     assert not (tmp_path / "work").exists()
     with pytest.raises(ValueError, match=re.escape(message.rsplit(", got", 1)[0])):  # the API: -1, not -1.0
         mini.build_from_scratch(mini.MiniSpec(**{**TINY_SPEC, **override}), tmp_path / "work", tmp_path / "out",
