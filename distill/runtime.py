@@ -29,6 +29,7 @@ from distill.deferral import Deferral, apply_deferral
 from distill.inputs import encode, load_tokenizer, normalise_words
 from laya.answers import answer, check_min_confidence, gate
 from laya.calibration import clamp_temperature, softmax
+from laya.checks import check_threads
 from laya.errors import InputError
 from laya.questions import Question, parse_question
 from laya.rows import state_text
@@ -72,8 +73,7 @@ class Student:
             raise ValueError(f"max_len: must be an integer between 2 and the trained budget {trained_len}, "
                              f"got {max_len!r}")
         self.max_len = max_len or trained_len
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads: must be a positive integer or None, got {threads!r}")
+        check_threads(threads, "threads")   # 99999 hung building the session's thread pool
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or 0
         opts.inter_op_num_threads = 1

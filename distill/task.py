@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from laya.precision import MAX_THREADS
+from laya.checks import MAX_THREADS
 from laya.questions import Question, parse_question
 
 KINDS = ("encoder", "linear")

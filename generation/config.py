@@ -25,7 +25,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # torch.Generator's seeds (int64, as vLLM's 
 # Torch thread counts every command and server setting is refused past: torch takes any count it is given and
 # then segfaults or hangs starting the pool (99999 crashed `pagoda generate`; 4096 still works). Here, the lowest
 # layer that sets torch threads and that serving may import, so the CLIs and the settings share one number.
-# laya.precision.MAX_THREADS is the same bound for laya's commands (laya and generation import nothing of each
+# laya.checks.MAX_THREADS is the same bound for laya's commands (laya and generation import nothing of each
 # other; tests/serving/test_config.py holds them equal).
 MAX_TORCH_THREADS = 1024
 

@@ -16,7 +16,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from laya.precision import MAX_THREADS, PRECISION_ENV, PRECISIONS
+from laya.checks import MAX_THREADS
+from laya.precision import PRECISION_ENV, PRECISIONS
 
 
 def register(commands: Any, bench: Any) -> None:
@@ -419,7 +420,7 @@ def positive_int(value: str) -> int:
 
 
 def thread_count(value: str) -> int:
-    """argparse's type for every --threads: torch segfaults or hangs on absurd counts (`laya.precision.MAX_THREADS`)
+    """argparse's type for every --threads: torch segfaults or hangs on absurd counts (`laya.checks.MAX_THREADS`)
     instead of refusing them."""
     n = positive_int(value)
     if n > MAX_THREADS:

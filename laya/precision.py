@@ -28,10 +28,6 @@ DEFAULT_PRECISION = "exact"
 BF16_UNITS = ("amx_bf16", "avx512_bf16")
 INT8_DOT = ("avx512_vnni", "avx_vnni", "amx_int8")
 REPORTED = ("avx2", "fma", "avx512f", *INT8_DOT, *BF16_UNITS)
-# torch takes any positive thread count, but its pool segfaults or hangs at the first op on 99999 (4096 runs);
-# more threads than any machine here has cores only slows a run down, so a count past this is a typo. The same
-# bound as generation.config.MAX_TORCH_THREADS (tests/serving/test_config.py holds them equal).
-MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -127,15 +123,6 @@ def check_device(device: str, where: str = "--device") -> str:
     if dev.index is not None and dev.index >= count:
         raise ValueError(f"{where}: {device!r} asks for {dev.type} device {dev.index}, but torch sees {count}")
     return device
-
-
-def check_threads(threads: int | None, where: str = "--threads") -> int | None:
-    """`threads` as given (None: torch's default), once it is a count torch can run; an API caller gets the
-    same refusal as the flags, instead of a segfault at the first op."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or not 1 <= threads <= MAX_THREADS):
-        raise ValueError(f"{where}: must be an integer from 1 to {MAX_THREADS}, got {threads!r}")
-    return threads
 
 
 def plan(precision: str | None, device: str = "cpu", cpu: CpuFeatures | None = None) -> Plan:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from laya.checks import check_threads
 from laya.precision import detect
 
 PARTS = ("scratch", "finetune")
@@ -81,6 +82,7 @@ def run(parts: tuple[str, ...] = PARTS, precisions: tuple[str, ...] = ("fp32", "
     from laya.training.mini import default_model_dir
     from laya.training.trainer import check_precision
 
+    check_threads(threads)   # 99999 segfaulted torch at the first op
     for p in precisions:
         try:
             check_precision(p, "cpu")

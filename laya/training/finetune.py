@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laya.precision import check_threads
+from laya.checks import check_threads
 from laya.training.losses import LossWeights
 
 MIX = {"intents": 0.5, "tickets": 0.35, "reviews": 0.075, "dialogs": 0.075, "handwritten": 0.0}

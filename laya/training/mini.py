@@ -287,8 +287,9 @@ def build_from_scratch(spec: MiniSpec, work: Path, out: Path | None = None, head
     """Corpus -> train (frozen encoder) -> calibrate (calib) -> evaluate (test) -> head folder + report."""
     import torch
 
+    from laya.checks import check_threads
     from laya.corpus.build import CorpusConfig, build, write
-    from laya.precision import check_device, check_threads
+    from laya.precision import check_device
     from laya.training import calibrate as cal
     from laya.training.examples import read_jsonl
     from laya.training.trainer import TrainConfig, check_precision, train

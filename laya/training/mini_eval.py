@@ -33,6 +33,7 @@ import numpy as np
 
 from laya.answers import top_option
 from laya.calibration import ece, ece_by_chance
+from laya.checks import check_threads
 from laya.corpus import noise
 from laya.corpus.handwritten import default_tickets, read_tickets
 from laya.corpus.intents import DEFAULT_DATA, EVAL_INSTRUCTION, heldout_choice_sets, humanise
@@ -254,7 +255,7 @@ def evaluate(model: str | None = None, data: Path = DEFAULT_DATA, tickets: Path 
 
     import laya
 
-    if threads:
+    if check_threads(threads):   # 99999 segfaulted torch at the first op
         torch.set_num_threads(threads)
     t0 = time.time()
     sets = heldout_choice_sets(Path(data), n)

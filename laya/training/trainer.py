@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from laya.precision import check_device, check_threads
+from laya.checks import check_threads
+from laya.precision import check_device
 from laya.training.losses import LossWeights
 
 if TYPE_CHECKING:

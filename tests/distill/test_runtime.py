@@ -160,6 +160,19 @@ def test_usage_counts_state_tokens_as_laya_does(student):
         assert usage["state_tokens"] == own and usage["input_tokens"] == min(own, student.max_len - 2) + 2, state
 
 
+def test_an_absurd_thread_count_is_refused_before_the_session(student_dir, monkeypatch):
+    """onnxruntime took threads=99999 and hung building the session's thread pool."""
+    import distill.runtime
+
+    def no_session(*args, **kwargs):
+        raise AssertionError(f"a session was built with {args[1].intra_op_num_threads} threads")
+
+    monkeypatch.setattr(distill.runtime.ort, "InferenceSession", no_session)
+    for bad in (99999, 0, 2.0):
+        with pytest.raises(ValueError, match=f"^threads: must be an integer from 1 to 1024, got {bad!r}$"):
+            Student(student_dir, threads=bad)
+
+
 def test_bad_folders_and_options_are_named(student_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="student.json"):
         Student(tmp_path)

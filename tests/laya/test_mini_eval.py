@@ -107,6 +107,19 @@ def test_missing_data_names_the_flag(tmp_path):
         intents.heldout_choice_sets(tmp_path)
 
 
+def test_an_absurd_thread_count_is_refused_by_name(monkeypatch):
+    """The API took threads=99999 and handed it to torch, which segfaulted or hung at its first op."""
+    import torch
+
+    def no_threads(n):
+        raise AssertionError(f"torch was given {n} threads")
+
+    monkeypatch.setattr(torch, "set_num_threads", no_threads)
+    for bad in (99999, 0):
+        with pytest.raises(ValueError, match=f"^--threads: must be an integer from 1 to 1024, got {bad}$"):
+            mini_eval.evaluate(threads=bad)
+
+
 def test_acceptance_checks_fail_on_wrong_answers():
     case = mini_eval.ACCEPTANCE[0]
 

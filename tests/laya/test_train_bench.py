@@ -46,3 +46,15 @@ def test_bf16_without_units_is_refused_by_name(monkeypatch, capsys):
     _claim_bf16_units(monkeypatch, False)
     assert run(("finetune",), ("fp32", "bf16"), steps=1) == 2
     assert "--precision: 'bf16' autocast needs a CPU with" in capsys.readouterr().err
+
+
+def test_an_absurd_thread_count_is_refused_by_name(monkeypatch):
+    """`run(threads=99999)` handed it to torch, which segfaulted (exit 139) at its first op."""
+    import torch
+
+    def no_threads(n):
+        raise AssertionError(f"torch was given {n} threads")
+
+    monkeypatch.setattr(torch, "set_num_threads", no_threads)
+    with pytest.raises(ValueError, match="^--threads: must be an integer from 1 to 1024, got 99999$"):
+        run(("scratch",), ("fp32",), steps=1, threads=99999)

@@ -159,7 +159,7 @@ def test_serve_refuses_a_max_model_len_past_the_models_positions(tiny_llama, mon
 def test_laya_and_generation_bound_thread_counts_alike():
     """The two packages cannot share the constant (neither imports the other); a server holds both."""
     from generation.config import MAX_TORCH_THREADS
-    from laya.precision import MAX_THREADS
+    from laya.checks import MAX_THREADS
 
     assert MAX_THREADS == MAX_TORCH_THREADS
 
