@@ -184,6 +184,8 @@ def check_resume(cfg: TrainConfig, saved: dict[str, Any], items: int, total: int
         flag, value = ("--max-steps", cfg.max_steps) if cfg.max_steps is not None else ("--epochs", cfg.epochs)
         raise ValueError(f"{flag}: {value} ends the run at step {total}, before step {saved['step']}, where the run "
                          f"in {cfg.out} was saved")
+    if total == saved["step"]:  # replaying it would only rewrite its summary, as a run that saw no example
+        raise ValueError(f"--resume: the run in {cfg.out} already ended at step {total}; nothing to continue")
 
 
 def build_model(cfg: TrainConfig):
@@ -311,7 +313,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     resume_state = None
     state_path = os.path.join(cfg.out, STATE_FILE)
-    if cfg.resume and os.path.isfile(state_path):
+    if cfg.resume and not os.path.isfile(state_path):  # a wrong --out would otherwise start a run over from step 0
+        raise ValueError(f"--resume: {cfg.out} holds no save to continue from (no {STATE_FILE}); drop --resume to "
+                         f"start a run there")
+    if cfg.resume:
         resume_state = torch.load(state_path, weights_only=False)
         check_resume(cfg, resume_state, len(items), total)
         cfg_init = cfg.init

@@ -242,6 +242,20 @@ def test_resume_refuses_other_data_and_a_schedule_that_ended_before_the_save(lay
     assert train(_cfg(laya_tiny_bert, data, out, resume=True), progress=False)["steps"] == 6
 
 
+def test_resume_refuses_a_folder_without_a_save_and_a_run_that_ended(laya_tiny_bert, data, tmp_path):
+    """Both went on, exit 0: a wrong --out trained a new run from step 0, and a finished run's summary was rewritten
+    as a run that saw no example."""
+    with pytest.raises(ValueError, match=f"--resume: {tmp_path / 'none'} holds no save to continue from"):
+        train(_cfg(laya_tiny_bert, data, tmp_path / "none", resume=True), progress=False)
+    assert not (tmp_path / "none").exists()
+    out = tmp_path / "done"
+    train(_cfg(laya_tiny_bert, data, out), progress=False)
+    summary = (out / "train_summary.json").read_text()
+    with pytest.raises(ValueError, match=f"--resume: the run in {out} already ended at step 6; nothing to continue"):
+        train(_cfg(laya_tiny_bert, data, out, resume=True), progress=False)
+    assert (out / "train_summary.json").read_text() == summary
+
+
 @pytest.mark.parametrize("flag", ["--data", "--eval-data"])
 def test_a_data_file_not_in_utf8_is_one_line_naming_its_flag(flag, laya_tiny_bert, data, tmp_path, capsys):
     """It was "'utf-8' codec can't decode byte 0xe9 in position 14", a position in a read buffer, no flag named."""
