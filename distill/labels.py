@@ -42,20 +42,20 @@ def _blank(path: Path) -> bool:
 def load_corpus(path: str | os.PathLike, task: Task, flag: str = "--data"):
     """The data file as a `datasets.Dataset` with a global row index; json/jsonl/csv/parquet.
 
-    `flag` names the file in the errors for one without rows or not UTF-8: `datasets` met an empty file with a
+    `flag` names the file in every error about it. `datasets` met an empty file with a
     StopIteration traceback, a blank one, a header-only CSV or `[]` with "Instruction 'train' corresponds to no
     data!", a CSV not in UTF-8 with a traceback, and a JSON file not in UTF-8 only at the row it read."""
     from datasets import Dataset
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
+        raise FileNotFoundError(f"{flag}: {path} does not exist")
     readers = {".jsonl": Dataset.from_json, ".json": Dataset.from_json, ".csv": Dataset.from_csv,
                ".parquet": Dataset.from_parquet}
     suffix = path.suffix.lower()
     if suffix not in readers:
-        raise ValueError(f"data: {path} has an unknown format {suffix!r}; use .jsonl, .json, .csv or .parquet")
-    empty = ValueError(f"{flag}: {path} holds no rows to distil")
+        raise ValueError(f"{flag}: {path} has an unknown format {suffix!r}; use .jsonl, .json, .csv or .parquet")
+    empty = ValueError(f"{flag}: {path} holds no rows")
     if _blank(path):
         raise empty
     if suffix != ".parquet":  # datasets' JSON reader keeps bytes that are not UTF-8 and fails on the row later

@@ -367,7 +367,7 @@ def test_a_data_file_without_rows_is_one_line_naming_data(distill_inputs, tmp_pa
     proc = pagoda("distill", "--teacher", distill_inputs["teacher"], "--task", str(distill_inputs["task"]), "--data",
                   str(data), "--out", str(tmp_path / "o"), "--no-progress", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == f"pagoda distill: error: --data: {data} holds no rows to distil"
+    assert proc.stderr.strip().splitlines()[-1] == f"pagoda distill: error: --data: {data} holds no rows"
     assert not (tmp_path / "o").exists()
 
 
@@ -379,7 +379,7 @@ def test_an_eval_data_file_without_rows_is_refused_before_labelling(distill_inpu
                   str(distill_inputs["data"]), "--out", str(tmp_path / "o"), "--eval-data", f"e={empty}",
                   "--no-progress", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == f"pagoda distill: error: --eval-data: {empty} holds no rows to distil"
+    assert proc.stderr.strip().splitlines()[-1] == f"pagoda distill: error: --eval-data: {empty} holds no rows"
     assert not (tmp_path / "o").exists()
 
 
