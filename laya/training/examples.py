@@ -117,7 +117,7 @@ def _soft_target(q: Question, dist: Any, where: str) -> tuple[float, ...]:
 
 
 def read_jsonl(path: str, flag: str = "--data") -> list[Item]:
-    """The file's items; `flag` names it when the file is not UTF-8."""
+    """The file's items; `flag` names the file in every error about it (a command may read several)."""
     items = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -127,13 +127,15 @@ def read_jsonl(path: str, flag: str = "--data") -> list[Item]:
                 try:
                     ex = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-                items.extend(items_from_example(ex, f"{path}:{i}"))
+                    raise ValueError(f"{flag}: {path}:{i}: not valid JSON ({exc.msg})") from None
+                items.extend(items_from_example(ex, f"{flag}: {path}:{i}"))
     except UnicodeDecodeError:
         check_utf8(path, flag)   # names the flag and the byte's offset in the file, not in a read buffer
         raise
+    except FileNotFoundError:
+        raise ValueError(f"{flag}: {path} does not exist") from None
     if not items:
-        raise ValueError(f"{path}: no examples")
+        raise ValueError(f"{flag}: {path} holds no examples")
     return items
 
 

@@ -130,8 +130,13 @@ def test_bad_examples_name_the_question_and_field(example, message):
 def test_bad_file_and_config(tmp_path, laya_tiny_bert):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"state": "s", "questions": {"a": {"type": "noul", "instructions": "x"}}, "labels": {"a": true}}\n{oops\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match="^--data: .*bad.jsonl:2: not valid JSON"):
         read_jsonl(str(bad))
+    with pytest.raises(ValueError, match="^--eval-data: .*missing.jsonl does not exist"):
+        read_jsonl(str(tmp_path / "missing.jsonl"), "--eval-data")
+    (tmp_path / "blank.jsonl").write_text("\n \n")
+    with pytest.raises(ValueError, match="^--data: .*blank.jsonl holds no examples"):
+        read_jsonl(str(tmp_path / "blank.jsonl"))
     with pytest.raises(ValueError, match="exactly one of --init"):
         TrainConfig(data="x", out="y").validate()
     with pytest.raises(ValueError, match="batch_size"):
