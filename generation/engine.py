@@ -320,7 +320,7 @@ class Engine:
         text = seq.text
         if seq.status is not Status.FINISHED:
             hold = max((len(s) - 1 for s in seq.params.stop), default=0)
-            text = text[: len(text) - hold] if hold else text
+            text = text[: max(0, len(text) - hold)]  # a text shorter than the hold shows nothing yet
             text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
         delta = text[seq.emitted_text_len :]
         seq.emitted_text_len = max(seq.emitted_text_len, len(text))

@@ -102,6 +102,22 @@ def test_stream_yields_the_same_tokens_and_text(engine):
         assert mine[-1].finish_reason == "length" and all(e.finish_reason is None for e in mine[:-1])
 
 
+def test_a_stream_never_shows_text_its_stop_string_cuts(engine):
+    """A stop string longer than the text so far: the stream showed part of that text (its hold sliced from a
+    negative end), text the final answer then cut, so the deltas did not add up to the answer."""
+    full = engine.generate("hello", SamplingParams(max_new_tokens=48, ignore_eos=True))[0]
+    assert len(full.text) > 30
+    stop = full.text[2:30]
+    p = SamplingParams(max_new_tokens=48, stop=[stop], ignore_eos=True)
+    out = engine.generate("hello", p)[0]
+    assert out.finish_reason == "stop" and out.text == full.text[:2]
+    shown = ""
+    for event in engine.stream("hello", p):
+        shown += event.text
+        assert out.text.startswith(shown), (shown, out.text)
+    assert shown == out.text
+
+
 def test_abandoned_stream_releases_its_blocks(engine):
     stream = engine.stream(["hello world", "a radix tree"], SamplingParams(max_new_tokens=50, ignore_eos=True))
     next(stream)
