@@ -151,8 +151,8 @@ class SamplingParams:
     `prompt_logprobs_start` on (None for index 0, which has no context); those positions are computed
     even when cached. `max_new_tokens=0` computes the prompt's KV (leaving it in the prefix cache) and
     samples nothing. `skip_special_tokens=False` keeps special tokens in the text. `trim_stop_token` leaves
-    the token that stopped the output (EOS or one of `stop_token_ids`) out of its text, as SGLang does; by
-    default a stop token that decodes to text keeps it there, as vLLM does. `cache_salt` keeps
+    the token that stopped the output (EOS or one of `stop_token_ids`) out of its text, as vLLM and SGLang do
+    (and every served route asks); by default a stop token that decodes to text keeps it there. `cache_salt` keeps
     tenants apart: a prefix cached under one salt never serves another salt. `logits_processors` edit
     this request's logits before sampling (see `generation.logits_processor`); each request gets its
     own `fork()` of every processor. `constraint` makes the output follow a JSON schema, any JSON object, a

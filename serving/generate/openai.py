@@ -132,8 +132,10 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
 # ---- completions ---------------------------------------------------------------------------------------
 
 def _prompt_text(run: Run, service: Service, i: int) -> str:
+    """The prompt as echoed: a token-id prompt's special tokens stay in its text, as in the logprobs' tokens and
+    text offsets (decoded without them, `text_offset` pointed past the text it indexes)."""
     prompt = run.req.prompts[i]
-    return prompt if isinstance(prompt, str) else service.engine.tokenizer.decode(prompt)
+    return prompt if isinstance(prompt, str) else service.engine.tokenizer.decode(prompt, skip_special_tokens=False)
 
 
 def _echo_scored(run: Run, i: int, out: Any) -> list[tuple[int, dict | None]]:

@@ -59,7 +59,9 @@ def openapi(cfg: GenerateConfig) -> dict:
                 "n": {"type": "integer", "minimum": 1, "maximum": cfg.max_n}, "stream": boolean,
                 "stream_options": {"type": "object", "properties": {"include_usage": boolean}},
                 "model": string, "user": {"type": "string", "description": "accepted; has no effect"},
-                "response_format": constraint, "structured_outputs": constraint}
+                "response_format": constraint, "structured_outputs": constraint,
+                "include_stop_str_in_output": {"enum": [False], "description": "vLLM's; only false: a matched stop "
+                                                                               "token or string is left out"}}
     max_tokens = {"type": "integer", "minimum": 0, "maximum": cfg.max_new_tokens}
     message = {"type": "object", "required": ["role", "content"], "properties": {
         "role": {"enum": ["system", "developer", "user", "assistant"]},

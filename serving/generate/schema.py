@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from generation.config import TEMPERATURE_RANGE
 from serving.errors import ApiError
 from serving.generate.config import GenerateConfig
 
@@ -31,9 +32,10 @@ OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequenc
                    "repetition_penalty", "ignore_eos", "skip_special_tokens")
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
                "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
-               "tool_choice", "store", *OPENAI_SAMPLING}
+               "tool_choice", "store", "include_stop_str_in_output", *OPENAI_SAMPLING}
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stop", "stream", "stream_options", "logprobs", "echo",
-                     "response_format", "structured_outputs", "stop_token_ids", "user", *OPENAI_SAMPLING}
+                     "response_format", "structured_outputs", "stop_token_ids", "user", "include_stop_str_in_output",
+                     *OPENAI_SAMPLING}
 GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "logprob_start_len",
                    "top_logprobs_num", "return_text_in_logprobs"}
 SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
@@ -43,9 +45,11 @@ SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_
 PIN_FIELDS = {"text", "messages", "input_ids"}
 # Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
 HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
-            "tool_choice": "none", "store": False}
+            "tool_choice": "none", "store": False, "include_stop_str_in_output": False}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
-SGLANG_GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: a temperature in [0, it) samples greedily
+# A temperature in [0, this) is greedy on every route: the engine's least temperature (vLLM reads those as greedy
+# too; SGLang below 1e-6, and samples from there at a temperature that picks the top token all the same).
+GREEDY_BELOW = TEMPERATURE_RANGE[0]
 OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
 
@@ -177,14 +181,24 @@ def parse_max_tokens(f: Fields, names: tuple[str, ...], default: int, cfg: Gener
     return value, given
 
 
+def _temperature(f: Fields) -> float:
+    """The request's temperature, 1 when not given (both APIs' default is sampling), 0 below `GREEDY_BELOW`."""
+    temperature = f.number("temperature", 1.0)
+    return 0.0 if 0 <= temperature < GREEDY_BELOW else temperature
+
+
 def _openai_sampling(f: Fields, cfg: GenerateConfig) -> tuple[dict[str, Any], dict[str, str], int]:
-    kw: dict[str, Any] = {"temperature": f.number("temperature", 1.0)}  # OpenAI's default is sampling
+    kw: dict[str, Any] = {"temperature": _temperature(f),  # OpenAI's default is sampling
+                          "trim_stop_token": True}  # vLLM leaves the stopping token's text out (EOS, stop_token_ids)
+    f.harmless("include_stop_str_in_output")  # vLLM's way to keep it, and a matched stop string, in the text
     for name in ("top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
         if f.has(name):
             kw[name] = f.number(name)
-    for name in ("seed", "top_k"):
-        if f.has(name):
-            kw[name] = f.integer(name)
+    if f.has("seed"):
+        kw["seed"] = f.integer("seed")
+    if f.has("top_k"):
+        top_k = f.integer("top_k", low=-1)  # vLLM and SGLang disable it with -1, the engine with 0
+        kw["top_k"] = 0 if top_k == -1 else top_k
     for name in ("ignore_eos", "skip_special_tokens"):
         if f.has(name):
             kw[name] = f.boolean(name)
@@ -368,9 +382,7 @@ def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, 
     f = Fields(raw, SGLANG_SAMPLING, prefix, "sampling_params")
     for name in ("min_new_tokens", "stop_regex", "spaces_between_special_tokens", "no_stop_trim"):
         f.harmless(name)
-    # SGLang's default is sampling; it reads a temperature under 1e-6 as greedy
-    temperature = f.number("temperature", 1.0)
-    kw: dict[str, Any] = {"temperature": 0.0 if 0 <= temperature < SGLANG_GREEDY_BELOW else temperature,
+    kw: dict[str, Any] = {"temperature": _temperature(f),  # SGLang's default is sampling
                           "trim_stop_token": True}  # SGLang drops a stop token's text (`no_stop_trim` false)
     names = {"temperature": "temperature", "max_new_tokens": "max_new_tokens", "seed": "sampling_seed"}
     for name in ("top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):

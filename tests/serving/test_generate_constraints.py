@@ -270,13 +270,13 @@ def test_generate_refusals_name_the_field(server, sampling, field, words):
 
 @pytest.mark.parametrize(("route", "body", "field"), [
     # values that used to fail inside the engine (NaN probabilities, an int64 overflow, a tokenizer TypeError);
-    # SGLang's route reads a temperature under 1e-6 as greedy, as SGLang does, so its refusal starts there
-    ("generate", {"text": "x", "sampling_params": {"temperature": 5e-6, "regex": "[0-9]+"}},
+    # a temperature under 1e-5 is greedy on every route, as vLLM reads it, so a refusal is above the range
+    ("generate", {"text": "x", "sampling_params": {"temperature": 1e7, "regex": "[0-9]+"}},
      "sampling_params.temperature"),
     ("generate", {"text": "x", "sampling_params": {"sampling_seed": 2**100, "regex": "[0-9]+"}},
      "sampling_params.sampling_seed"),
     ("generate", {"text": "a \ud800 b", "sampling_params": {"regex": "[0-9]+"}}, "text"),
-    ("v1/chat/completions", {"messages": CHAT, "temperature": 1e-300, "response_format": {"type": "json_object"}},
+    ("v1/chat/completions", {"messages": CHAT, "temperature": -1e-300, "response_format": {"type": "json_object"}},
      "temperature"),
     ("v1/chat/completions", {"messages": CHAT, "seed": 2**100, "response_format": {"type": "json_object"}}, "seed"),
     # JSON can spell a lone surrogate, which no tokenizer or grammar engine takes (in-process the engine and

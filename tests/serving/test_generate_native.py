@@ -46,16 +46,16 @@ def test_stop_reports_what_matched(gen, gen_engine):
     first = free.token_ids.index(free.token_ids[2])
     assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": free.token_ids[2]}
     assert r["output_ids"] == free.token_ids[:first + 1]
-    # SGLang leaves the matched token's text out (`no_stop_trim` false); the OpenAI routes keep it, as vLLM does
+    # SGLang leaves the matched token's text out (`no_stop_trim` false), and so do vLLM and the OpenAI routes
     before = gen_engine.tokenizer.decode(free.token_ids[:first])
     assert r["text"] == before != gen_engine.tokenizer.decode(free.token_ids[:first + 1])
     streamed = [json.loads(line[len("data: "):]) for line in post(gen, {"input_ids": ids, "stream": True, "sampling_params": {
         "max_new_tokens": 10, "temperature": 0, "stop_token_ids": [free.token_ids[2]]}}).iter_lines(decode_unicode=True)
         if line and line != "data: [DONE]"]
     assert streamed[-1]["text"] == before
-    kept = requests.post(gen.url + "/v1/completions", json={"prompt": ids, "max_tokens": 10, "temperature": 0,
-                                                            "stop_token_ids": [free.token_ids[2]]}, timeout=60)
-    assert kept.json()["choices"][0]["text"] == gen_engine.tokenizer.decode(free.token_ids[:first + 1])
+    openai = requests.post(gen.url + "/v1/completions", json={"prompt": ids, "max_tokens": 10, "temperature": 0,
+                                                              "stop_token_ids": [free.token_ids[2]]}, timeout=60)
+    assert openai.json()["choices"][0]["text"] == before
 
 
 def test_stream_sends_the_text_so_far(gen):
@@ -92,11 +92,12 @@ def test_errors_name_the_prompt_they_are_about(gen, body, field):
 
 
 def test_sampling_values_sglang_takes(gen):
-    """What SGLang's SamplingParams accepts: a temperature under 1e-6 is greedy, min_p up to 1, an empty
-    regex or json_schema is no constraint."""
+    """What SGLang's SamplingParams accepts: a temperature under 1e-6 is greedy (and one under 1e-5 here, where
+    SGLang samples at a temperature that picks the top token all the same), min_p up to 1, an empty regex or
+    json_schema is no constraint."""
     greedy = post(gen, {"text": "the quick", "sampling_params": {"max_new_tokens": 5, "temperature": 0,
                                                                  "ignore_eos": True}}).json()["text"]
-    for extra in ({"temperature": 1e-7}, {"temperature": 0.7, "min_p": 1.0}, {"temperature": 0, "regex": ""},
+    for extra in ({"temperature": 1e-7}, {"temperature": 5e-6}, {"temperature": 0.7, "min_p": 1.0}, {"temperature": 0, "regex": ""},
                   {"temperature": 0, "json_schema": ""}):
         r = post(gen, {"text": "the quick", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True, **extra}})
         assert r.status_code == 200 and r.json()["text"] == greedy, (extra, r.text)

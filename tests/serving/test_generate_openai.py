@@ -134,7 +134,7 @@ def test_completions_batch_echo_and_logprobs(client, gen_engine):
         ids = gen_engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         (ref,) = gen_engine.generate([ids], SamplingParams(max_new_tokens=4, ignore_eos=True, logprobs=2,
                                                            prompt_logprobs=2))
-        echo = prompt if isinstance(prompt, str) else gen_engine.tokenizer.decode(prompt)
+        echo = prompt if isinstance(prompt, str) else gen_engine.tokenizer.decode(prompt, skip_special_tokens=False)
         assert choice.text == echo + ref.text
         lp = choice.logprobs
         assert len(lp.tokens) == len(ids) + 4 and lp.token_logprobs[0] is None
@@ -168,6 +168,41 @@ def test_text_offsets_count_characters_when_tokens_split_them(client):
     assert len(lp.tokens) > len(prompt)  # the two non-ASCII characters came as several byte tokens
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
     assert lp.text_offset[-1] == len(prompt) - len(lp.tokens[-1])  # the last token is ASCII and ends the text
+
+
+def test_an_echoed_token_prompt_keeps_its_special_tokens_where_its_offsets_count_them(client, gen_engine):
+    """The echo was decoded without them while `tokens` and `text_offset` counted them: offsets pointed past it."""
+    tok = gen_engine.tokenizer
+    prompt = [tok.token_id("<|im_start|>"), *tok.encode("user hello")]
+    lp = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=0, echo=True, logprobs=1).choices[0]
+    assert lp.text.startswith("<|im_start|>user")
+    for token, at in zip(lp.logprobs.tokens, lp.logprobs.text_offset):
+        assert lp.text[at:].startswith(token), (token, at, lp.text)
+
+
+def test_the_stopping_token_is_left_out_of_the_text_as_vllm_leaves_it(client, gen_engine):
+    """A matched stop token's text stayed in the answer (and EOS's with skip_special_tokens false); vLLM leaves it
+    out unless include_stop_str_in_output, which is taken at false only."""
+    ids = gen_engine.tokenizer.encode("hello world")
+    (ref,) = gen_engine.generate([ids], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    decode = gen_engine.tokenizer.decode
+    k = next(i for i, t in enumerate(ref.token_ids) if ref.token_ids.index(t) == i  # a first use that adds text
+             and decode(ref.token_ids[:i + 1]).rstrip("\ufffd") != decode(ref.token_ids[:i]).rstrip("\ufffd"))
+    r = client.completions.create(model="tiny-llama", prompt="hello world", max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": [ref.token_ids[k]]}).choices[0]
+    assert r.finish_reason == "stop" and r.text == decode(ref.token_ids[:k])
+    with pytest.raises(openai.BadRequestError, match="include_stop_str_in_output"):
+        client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2,
+                                  extra_body={"include_stop_str_in_output": True})
+
+
+def test_tiny_temperatures_are_greedy_and_top_k_minus_one_is_off(client):
+    """Both were 400s: vLLM reads a temperature under 1e-5 as greedy and top_k -1 as no top-k."""
+    kw = dict(model="tiny-llama", prompt="numbers 0 1 2", max_tokens=6, extra_body={"ignore_eos": True})
+    greedy = client.completions.create(**kw, temperature=0).choices[0].text
+    assert client.completions.create(**kw, temperature=1e-6).choices[0].text == greedy
+    top_k = dict(kw, extra_body={"ignore_eos": True, "top_k": -1})
+    assert client.completions.create(**top_k, temperature=0).choices[0].text == greedy
 
 
 def test_one_model_is_retrieved_by_id(client):
