@@ -180,11 +180,10 @@ def error_body(message: str, type_: str, field: str | None, request_id: str | No
 
 def in_dialect(body: dict, path: str | None, dialects: Mapping[str, Dialect]) -> dict:
     """`body` as the API owning `path` words its errors: the handlers below and the HTTP front (which refuses
-    an oversized body or header block before Flask sees the request) both answer through it."""
-    for prefix, dialect in dialects.items():
-        if path is not None and path.startswith(prefix):
-            body = dialect(body)
-    return body
+    an oversized body or header block before Flask sees the request) both answer through it. The longest prefix
+    that matches owns it (`/v1/systemone` is the decision API's, the rest of `/v1/` the OpenAI API's)."""
+    owners = [prefix for prefix in dialects if path is not None and path.startswith(prefix)]
+    return dialects[max(owners, key=len)](body) if owners else body
 
 
 DIALECTS_KEY = "pagoda.error_dialects"  # app.extensions: the front finds the dialects there

@@ -35,8 +35,7 @@ class GenerateApi:
         self.model = model
         self._engine = engine
         self.service: Service | None = None
-        self.error_dialects = {prefix: openai.error_dialect for prefix in ("/v1/chat/", "/v1/completions", "/v1/pins",
-                                                                            "/v1/models")}
+        self.error_dialects = {"/v1/": openai.error_dialect}  # a route it does not serve too (an SDK's 404)
         self.blueprint = Blueprint("generate", __name__)
         for rule, view, methods in (
             ("/v1/chat/completions", self.chat, ["POST"]), ("/v1/completions", self.completions, ["POST"]),

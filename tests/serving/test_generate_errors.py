@@ -273,3 +273,13 @@ def test_pins_that_fill_the_pool_make_requests_507_not_500(tmp_path, tiny_llama)
         assert requests.post(server.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
     finally:
         proc.stop()
+
+
+def test_a_v1_route_not_served_answers_in_openais_shape_and_systemone_keeps_its_own(gen):
+    """An SDK's call to a route this server lacks (`/v1/embeddings`) got the core's error shape; the decision API's
+    `/v1/systemone` beside it keeps laya-serve's (the longest prefix owns a path)."""
+    r = requests.post(gen.url + "/v1/embeddings", json={"model": "tiny-llama", "input": "hi"}, timeout=30)
+    assert r.status_code == 404 and set(r.json()) == {"error"}, r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"} and r.json()["error"]["code"] == "not_found"
+    r = requests.post(gen.url + "/v1/systemone", json={"state": "hi"}, timeout=30)
+    assert r.status_code == 422 and "detail" in r.json() and "param" not in r.json()["error"], r.text
