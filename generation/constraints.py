@@ -232,6 +232,10 @@ class GrammarCache:
         matcher = llguidance.LLMatcher(vocabulary.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ConstraintError(constraint.kind, matcher.get_error().strip())
+        probe = matcher.deep_copy()  # a grammar no text matches compiles; its first mask is where it fails
+        probe.compute_bitmask()
+        if probe.is_error():  # it would answer 200 with an empty text that it does not match
+            raise ConstraintError(constraint.kind, "matches no text: nothing can be generated under it")
         compiled = _Compiled(constraint, vocabulary, matcher, len(grammar))
         with self._lock:
             self.misses += 1

@@ -255,6 +255,8 @@ def test_refused_constraints_are_400_naming_the_field(server, route, fmt, struct
 
 @pytest.mark.parametrize(("sampling", "field", "words"), [
     ({"regex": "(a)\\1"}, "sampling_params.regex", None),
+    # compiled, and answered 200 with an empty text that the regex does not match
+    ({"regex": "[^\\x00-\\U0010FFFF]"}, "sampling_params.regex", "matches no text"),
     ({"json_schema": "{nope"}, "sampling_params.json_schema", "not valid JSON"),
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "integer", "nullable": True}}}},
      "sampling_params.json_schema.properties.a", "nullable"),
