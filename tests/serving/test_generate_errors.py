@@ -177,6 +177,10 @@ def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
 
     def hold(started: threading.Event, statuses: list[int]) -> None:
         with requests.post(tight.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            if r.status_code != 200:  # say why it was refused
+                statuses.append((r.status_code, r.text))
+                started.set()
+                return
             statuses.append(r.status_code)
             lines = r.iter_lines(decode_unicode=True)
             next(line for line in lines if line)
