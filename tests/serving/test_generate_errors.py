@@ -182,8 +182,10 @@ def test_thread_budget_refuses_a_third_stream_and_frees_up(tight):
                 started.set()
                 return
             statuses.append(r.status_code)
-            lines = r.iter_lines(decode_unicode=True)
-            next(line for line in lines if line)
+            lines = (line for line in r.iter_lines(decode_unicode=True) if line)
+            # Two events: the first (the role) can go out before the engine takes the request off its queue, and a
+            # second holder sent then met --generate-max-waiting 1 instead (seen on a loaded CI run)
+            next(lines), next(lines)
             started.set()
             for _ in lines:  # read to the end (the deadline ends it)
                 pass
