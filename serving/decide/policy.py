@@ -20,6 +20,7 @@ decides it. So a rule over questions a request did not ask answers `null`, never
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,10 @@ class Lookup:
     def evaluate(self, answers: dict) -> Any:
         value: Any = answers
         for part in self.parts:
+            if isinstance(value, dict) and part not in value:
+                # A label that is a number or a boolean is a key as the client reads it in the JSON answer
+                # (`probabilities.1`, `probabilities.true`); the answer in hand still has the label's own type.
+                value = {k if isinstance(k, str) else json.dumps(k): v for k, v in value.items()}
             if not isinstance(value, dict) or part not in value:
                 return None
             value = value[part]

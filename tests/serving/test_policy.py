@@ -28,6 +28,14 @@ def test_issue_examples_and_operators():
                                         "label": False, "literal": True}
 
 
+def test_labels_that_are_numbers_or_booleans_are_read_as_the_json_answer_spells_them():
+    """`criteria: [1, 2]` answers `"probabilities": {"1": ...}`; a rule on `d.probabilities.1` read null."""
+    policy = Policy({"one": "d.probabilities.1 > 0.1", "yes": "b.probabilities.true >= 0.5", "is_one": "d.choice == 1"})
+    answers = {"d": {"type": "choice", "choice": 1, "probabilities": {1: 0.4, 2: 0.6}},
+               "b": {"type": "choice", "choice": True, "probabilities": {True: 0.7, False: 0.3}}}
+    assert policy.evaluate(answers) == {"one": True, "yes": True, "is_one": True}
+
+
 def test_missing_values_are_null_not_false():
     policy = Policy({"a": "missing.noul > 0.5", "b": "missing.noul > 0.5 or churn_risk.noul > 0.5",
                      "c": "missing.noul > 0.5 and churn_risk.noul > 0.9", "d": "not missing.choice",
