@@ -62,7 +62,7 @@ def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, 
             raise InputError("state is required: a string, an object or a list of chat turns", field="state")
         states = [body["state"]]
         check_state_size(states[0], "state", cfg)
-    questions, preset = _questions(body, presets, default_questions)
+    questions, preset = _questions(body, presets, default_questions, "preset" in ROUTE_FIELDS[route])
     check_question_counts(questions, cfg)
     check_rows(len(states), questions, route.endswith("batch"), cfg)
     return DecideRequest(states=states, questions=questions, budgets=_budgets(body, cfg), preset=preset)
@@ -102,7 +102,8 @@ def check_question_counts(questions: Any, cfg: DecideConfig) -> None:
                              field="criteria", question=str(name))
 
 
-def _questions(body: dict, presets: dict[str, dict], default: dict | None) -> tuple[Any, str | None]:
+def _questions(body: dict, presets: dict[str, dict], default: dict | None,
+               takes_preset: bool) -> tuple[Any, str | None]:
     preset = body.get("preset")
     if preset is not None:
         if "questions" in body:
@@ -114,7 +115,7 @@ def _questions(body: dict, presets: dict[str, dict], default: dict | None) -> tu
     if "questions" not in body:
         if default is not None:
             return default, None
-        raise InputError("questions is required (or name a preset)", field="questions")
+        raise InputError("questions is required" + (" (or name a preset)" if takes_preset else ""), field="questions")
     return body["questions"], None
 
 

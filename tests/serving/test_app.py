@@ -128,6 +128,11 @@ def test_systemone_round_trip(server, agent, billing_questions):
     assert batch["total_usage"]["input_tokens"] == sum(r["usage"]["input_tokens"] for r in batch["results"])
     bad = assert_error(post(server, "/v1/systemone", {"questions": billing_questions}), 422, "invalid_request", "state")
     assert bad["detail"] == bad["error"]["message"]  # laya-serve clients read `detail`
+    # no preset hint where the route takes no preset (it refuses `preset` as an unknown field)
+    bad = assert_error(post(server, "/v1/systemone", {"state": "x"}), 422, "invalid_request", "questions")
+    assert bad["error"]["message"] == "questions is required"
+    bad = assert_error(post(server, "/decide", {"state": "x"}), 422, "invalid_request", "questions")
+    assert bad["error"]["message"] == "questions is required (or name a preset)"
 
 
 def _options(n):
