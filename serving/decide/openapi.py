@@ -62,7 +62,9 @@ def openapi(cfg: DecideConfig) -> dict:
             "type": "object", "required": ["type", "confidence", "answer_confidence"],
             "properties": {
                 "type": {"enum": list(QUESTION_TYPES)},
-                "choice": {"type": "string"}, "score": {"type": "number"}, "noul": {"type": "number"},
+                "choice": {"type": ["string", "number", "boolean"], "description": "the chosen label, as given in "
+                                                                             "`criteria` (a number or a boolean too)"},
+                "score": {"type": "number"}, "noul": {"type": "number"},
                 "probabilities": {"type": "object"}, "legend": {"type": "object"},
                 "confidence": {"type": "number"}, "answer_confidence": {"type": "number"},
                 "action": {"type": "object", "description": "act_probability: the act head's, null for a student"},
