@@ -59,9 +59,7 @@ class GatewayProcess(ServerProcess):
 
         parser = argparse.ArgumentParser(prog="pagoda gateway", conflict_handler="resolve")
         add_arguments(parser)
-        cfg = GatewayConfig.load(vars(parser.parse_args(cls.argv(flags, 0))))
-        if cfg.model or cfg.student:
-            cfg.decide_config()
+        GatewayConfig.load(vars(parser.parse_args(cls.argv(flags, 0))))
 
 
 UPSTREAM = "edge=http://127.0.0.1:1"  # what a gateway's flags are checked with, before its upstream has a port

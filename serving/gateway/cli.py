@@ -45,8 +45,6 @@ def _gateway(args: argparse.Namespace) -> int:
         cfg = GatewayConfig.load(flags)
         groups = list(dict.fromkeys(spec.group for spec in cfg.upstreams))
         rules = Rules.load(cfg.route, groups) if cfg.route else Rules.plain(groups)
-        if cfg.model or cfg.student:  # else refused only in the worker, which exits and takes the gateway down
-            cfg.decide_config()
     except ValueError as exc:  # one line and exit 2, as every command answers a bad flag
         print(f"pagoda gateway: error: {exc}", file=sys.stderr)
         return 2

@@ -88,6 +88,8 @@ class GatewayConfig(FrontSettings):
             path = getattr(self, name)
             if path and not Path(path).exists():
                 raise ValueError(f"{self.where(name)} {path}: no such file or folder")
+        if self.model or self.student:  # a folder that holds no model: refused here, not where a worker loads it
+            self.decide_config()
         self.upstreams = parse_upstreams(self.upstream, self.where("upstream"))
 
     @classmethod
