@@ -448,8 +448,9 @@ class Engine:
         for b in kept.blocks:
             self.blocks.decref(b)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools)
 
     # ---- metrics --------------------------------------------------------------------------------------
 

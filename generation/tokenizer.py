@@ -70,12 +70,14 @@ class TextTokenizer:
             return bytes([int(match.group(1), 16)])
         return self.tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """Render messages with the model's own template (sandboxed jinja, as transformers does).
 
         A message's `content` is a string or a list of text parts (`{"type": "text", "text": ...}`, the
         OpenAI form); parts are joined with newlines before the template sees them, since templates of
-        text models read `content` as a string."""
+        text models read `content` as a string. `tools` reaches the template as transformers passes it
+        (None without), so a template written for tool use shows them to the model."""
         if not self.chat_template:
             raise InvalidParam("messages: this model has no chat template; pass a plain prompt instead", "messages")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -83,7 +85,7 @@ class TextTokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         return env.from_string(self.chat_template).render(
             messages=[_flat_message(m, i) for i, m in enumerate(messages)],
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt, tools=tools,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
         )
 

@@ -49,6 +49,7 @@ class GenerateConfig(Settings):
                                        "default of a chat request that sets none", minimum=1)
     max_n: int = option(16, "most choices (n) per prompt", minimum=1)
     max_prompts: int = option(64, "most prompts in one batch request (/v1/completions, /generate)", minimum=1)
+    max_tools: int = option(128, "most tools one chat request may define (OpenAI's own limit)", minimum=1)
     deadline_s: float = option(600.0, "a generation still running this long after it arrived is ended "
                                       "(504, or an error event in a stream)", positive=True)
 

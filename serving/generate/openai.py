@@ -20,6 +20,7 @@ from typing import Any
 from serving.errors import ApiError, error_body
 from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import DONE, sse
+from serving.generate.tools import tool_call
 
 SERVER_SIDE = {"overloaded", "not_ready", "timeout", "model_error", "internal_error", "aborted",
                "insufficient_storage"}
@@ -87,11 +88,21 @@ def _head(kind: str, prefix: str, service: Service) -> dict:
 
 # ---- chat ----------------------------------------------------------------------------------------------
 
+def _message(run: Run, text: str) -> dict:
+    """The answer as a message: a forced call's output is its `tool_calls` (content null, as OpenAI sends);
+    one that does not parse (cut by `max_tokens`) stays text, beside its `length` finish reason."""
+    tools = run.req.tools
+    calls = tools.calls(text) if tools is not None and tools.calls_forced else None
+    if calls is None:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
 def chat_completion(run: Run, service: Service) -> dict:
     outputs = run.wait()
     raise_failures(outputs)
     want = run.req.logprobs is not None
-    choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
+    choices = [{"index": i, "message": _message(run, out.text),
                 "logprobs": {"content": [chat_logprob(service, r) for r in out.logprobs]} if want else None,
                 "finish_reason": out.finish_reason} for i, out in enumerate(outputs)]
     return {**_head("chat.completion", "chatcmpl", service), "choices": choices, "usage": run.usage()}
@@ -108,19 +119,37 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
         return sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                     **usage})
 
+    tools = req.tools if req.tools is not None and req.tools.calls_forced else None
+    forced = tools.forced if tools is not None else None
+    held = [""] * run.n_choices  # "required": the list of calls is read whole, at the choice's end
+
+    def delta(text: str) -> dict:
+        if tools is None:
+            return {"content": text}
+        return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if forced else {}
+
     try:
         for i in range(run.n_choices):
-            yield chunk(i, {"role": "assistant", "content": ""})
+            if forced is not None:  # the call's id and name first, then its arguments as they come
+                call = tool_call(forced.name, "")
+                yield chunk(i, {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]})
+            else:
+                yield chunk(i, {"role": "assistant", "content": None if tools else ""})
         with closing(run.events()) as events:
             for i, ev in events:
                 if isinstance(ev, TokenEvent):
                     lp = {"content": [chat_logprob(service, ev.logprob)]} if req.logprobs is not None and ev.logprob else None
-                    if ev.text or lp:
-                        yield chunk(i, {"content": ev.text}, lp)
+                    held[i] += ev.text
+                    if ev.text and (tools is None or forced) or lp:
+                        yield chunk(i, delta(ev.text) if ev.text else {}, lp)
                     continue
                 fail = failure(ev)
                 if fail is not None:
                     raise fail
+                if tools is not None and forced is None:
+                    calls = tools.calls(held[i])
+                    yield chunk(i, {"content": held[i]} if calls is None else
+                                {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
                 yield chunk(i, {}, finish=ev.finish_reason)
         if req.include_usage:
             yield sse({**head, "choices": [], "usage": run.usage()})

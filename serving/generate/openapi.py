@@ -63,10 +63,21 @@ def openapi(cfg: GenerateConfig) -> dict:
                 "include_stop_str_in_output": {"enum": [False], "description": "vLLM's; only false: a matched stop "
                                                                                "token or string is left out"}}
     max_tokens = {"type": "integer", "minimum": 0, "maximum": cfg.max_new_tokens}
-    message = {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant"]},
+    call = {"type": "object", "required": ["id", "type", "function"], "properties": {
+        "id": string, "type": {"enum": ["function"]}, "function": {"type": "object", "required": ["name", "arguments"],
+                                                                 "properties": {"name": string, "arguments": string}}}}
+    message = {"type": "object", "required": ["role"], "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {"oneOf": [string, {"type": "array", "items": {"type": "object", "properties": {
-            "type": {"enum": ["text"]}, "text": string}}}]}}}
+            "type": {"enum": ["text"]}, "text": string}}}, {"type": "null"}],
+            "description": "required, except null in an assistant message that has tool_calls"},
+        "tool_calls": {"type": "array", "items": call, "description": "an assistant's earlier calls"},
+        "tool_call_id": {"type": "string", "description": "a tool message: the call it answers (required there)"}}}
+    tool = {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"enum": ["function"]}, "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": string,
+            "parameters": {"type": "object", "description": "a JSON schema; a forced call's arguments follow it"},
+            "strict": boolean}}}}
     prompt = {"oneOf": [string, {"type": "array", "items": {"oneOf": [string, integer, ids]},
                                  "maxItems": cfg.max_prompts}]}
     usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
@@ -80,7 +91,12 @@ def openapi(cfg: GenerateConfig) -> dict:
             **{k: v for k, v in sampling.items()}, "messages": {"type": "array", "minItems": 1, "items": message},
             "max_tokens": max_tokens, "max_completion_tokens": max_tokens, "logprobs": boolean,
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            "tool_choice": {"enum": ["none"], "description": "only \"none\": no tool is ever called"},
+            "tools": {"type": "array", "items": tool, "minItems": 1, "maxItems": cfg.max_tools},
+            "tool_choice": {"oneOf": [{"enum": ["none", "required"]}, {"type": "object", "properties": {
+                "type": {"enum": ["function"]}, "function": {"type": "object", "properties": {"name": string}}}}],
+                "description": "a forced call (required, or a named function) is constrained decoding; \"auto\" "
+                               "(the default once tools are given) is refused: this model has no tool-call syntax"},
+            "parallel_tool_calls": {"type": "boolean", "description": "false: \"required\" makes exactly one call"},
             "store": {"enum": [False], "description": "only false: nothing is stored"}}, CHAT_FIELDS, ["messages"]),
         "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
                            "properties": {"id": string, "object": {"enum": ["chat.completion"]}, "created": integer,
@@ -88,7 +104,9 @@ def openapi(cfg: GenerateConfig) -> dict:
                                               "type": "object", "required": ["index", "message", "finish_reason"],
                                               "properties": {"index": integer, "finish_reason": finish,
                                                              "message": {"type": "object", "properties": {
-                                                                 "role": {"enum": ["assistant"]}, "content": string}},
+                                                                 "role": {"enum": ["assistant"]},
+                                                                 "content": {"type": ["string", "null"]},
+                                                                 "tool_calls": {"type": "array", "items": call}}},
                                                              "logprobs": {"type": ["object", "null"]}}}}}},
         "CompletionRequest": _request("completions", {
             **sampling, "prompt": prompt, "max_tokens": max_tokens, "echo": boolean,

@@ -17,13 +17,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from generation.config import TEMPERATURE_RANGE
 from serving.errors import ApiError
 from serving.generate.config import GenerateConfig
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+if TYPE_CHECKING:
+    from serving.generate.tools import ToolCalling
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP = 16
 
 # OpenAI's names for the engine's sampling fields, shared by both OpenAI routes; vLLM's and SGLang's
@@ -32,7 +35,8 @@ OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequenc
                    "repetition_penalty", "ignore_eos", "skip_special_tokens")
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
                "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
-               "tool_choice", "store", "include_stop_str_in_output", *OPENAI_SAMPLING}
+               "tools", "tool_choice", "parallel_tool_calls", "store", "include_stop_str_in_output",
+               *OPENAI_SAMPLING}
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stop", "stream", "stream_options", "logprobs", "echo",
                      "response_format", "structured_outputs", "stop_token_ids", "user", "include_stop_str_in_output",
                      *OPENAI_SAMPLING}
@@ -45,7 +49,7 @@ SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_
 PIN_FIELDS = {"text", "messages", "input_ids"}
 # Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
 HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
-            "tool_choice": "none", "store": False, "include_stop_str_in_output": False}
+            "store": False, "include_stop_str_in_output": False}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
 # A temperature in [0, this) is greedy on every route: the engine's least temperature (vLLM reads those as greedy
 # too; SGLang below 1e-6, and samples from there at a temperature that picks the top token all the same).
@@ -72,6 +76,10 @@ class BodyConstraint:
         """What `SamplingParams(constraint=...)` takes; the engine checks and compiles it."""
         return {self.kind: self.spec}
 
+    def body_field(self, path: str) -> str:
+        """The body field at `path` inside the spec (`.properties.tags`; empty for the spec itself)."""
+        return self.field + path
+
 
 @dataclass
 class Request:
@@ -89,6 +97,7 @@ class Request:
     batch: bool = False  # the body gave a list of prompts: answer a list
     model: str | None = None
     constraint: BodyConstraint | None = None
+    tools: ToolCalling | None = None  # chat: the functions, and whether a call is forced
     logprobs: int | None = None  # OpenAI: per-token logprobs with this many alternatives
     echo: bool = False
     include_usage: bool = False
@@ -248,9 +257,10 @@ def _openai_constraint(f: Fields) -> BodyConstraint | None:
 
 
 def chat_request(body: Any, cfg: GenerateConfig) -> Request:
+    from serving.generate.tools import parse_tools  # tools.py reads its fields with this module's Fields
+
     f = Fields(body, CHAT_FIELDS)
-    for name in ("tool_choice", "store"):  # "call no tool", "keep nothing": what this server does anyway
-        f.harmless(name)
+    f.harmless("store")  # "keep nothing": what this server does anyway
     messages = f.raw("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")
@@ -268,26 +278,62 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     model = f.raw("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")
+    tools = parse_tools(f, cfg)
+    constraint = _openai_constraint(f)
+    if tools is not None and tools.calls_forced:
+        if constraint is not None:
+            raise bad("tool_choice", f"a forced call is held to its tool's parameters: give {constraint.field.split('.')[0]} "
+                                     "or a forced tool_choice, not both")
+        constraint = tools.constraint()
     return Request("chat", [turns], ["messages"], [kw], [names], n=n, stream=f.boolean("stream"), model=model,
-                   constraint=_openai_constraint(f), logprobs=logprobs, include_usage=_stream_options(f),
+                   constraint=constraint, tools=tools, logprobs=logprobs, include_usage=_stream_options(f),
                    max_tokens_set=[given])
 
 
 def _message(message: Any, i: int) -> dict[str, Any]:
-    f = Fields(message, {"role", "content", "name"}, f"messages[{i}].", "a message")
+    f = Fields(message, {"role", "content", "name", "tool_calls", "tool_call_id"}, f"messages[{i}].", "a message")
     role = f.raw("role")
     if not isinstance(role, str) or role not in ROLES:  # a dict or list is unhashable: test the type first
         raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    out: dict[str, Any] = {"role": ROLES[role]}
+    if f.has("tool_calls"):  # an earlier answer's calls, sent back in an agent's loop
+        if role != "assistant":
+            raise bad(f"messages[{i}].tool_calls", "only an assistant message makes tool calls")
+        out["tool_calls"] = _tool_calls(f.raw("tool_calls"), f"messages[{i}].tool_calls")
+    if role == "tool":
+        if not isinstance(f.raw("tool_call_id"), str):
+            raise bad(f"messages[{i}].tool_call_id", "a tool message needs the id (a string) of the call it answers")
+        out["tool_call_id"] = f.raw("tool_call_id")
+    elif f.has("tool_call_id"):
+        raise bad(f"messages[{i}].tool_call_id", "only a tool message answers a call")
     content = f.raw("content")
-    if content is None:
+    if content is None and "tool_calls" not in out:
         raise bad(f"messages[{i}].content", "is required")
-    out = {"role": ROLES[role], "content": content}  # text parts are the tokenizer's to check
+    out["content"] = "" if content is None else content  # text parts are the tokenizer's to check
     name = f.raw("name")
     if name is not None:  # OpenAI's participant name: the chat template may show it (SmolLM2's does not)
         if not isinstance(name, str):
             raise bad(f"messages[{i}].name", f"must be a string, got {type(name).__name__}")
         out["name"] = name
     return out
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """Calls as the chat template reads them (transformers' form): each with its id and a function whose
+    arguments are the JSON text the call was answered with."""
+    if not isinstance(value, list) or not value:
+        raise bad(where, "must be a non-empty list of tool calls")
+    calls = []
+    for j, item in enumerate(value):
+        call = Fields(item, {"id", "type", "function"}, f"{where}[{j}].", "a tool call")
+        if not isinstance(call.raw("id"), str) or call.raw("type") != "function":
+            raise bad(f"{where}[{j}]", "needs an id (a string) and type \"function\"")
+        fn = Fields(call.raw("function"), {"name", "arguments"}, f"{where}[{j}].function.", "a function call")
+        if not isinstance(fn.raw("name"), str) or not isinstance(fn.raw("arguments"), str):
+            raise bad(f"{where}[{j}].function", "needs a name and arguments, both strings")
+        calls.append({"id": call.raw("id"), "type": "function",
+                      "function": {"name": fn.raw("name"), "arguments": fn.raw("arguments")}})
+    return calls
 
 
 def completion_request(body: Any, cfg: GenerateConfig) -> Request:

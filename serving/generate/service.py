@@ -37,7 +37,7 @@ def body_field(req: Request, field: str, default: str | None = None, prompt: int
     c = req.constraint
     if c is not None and (field == "constraint" or field.startswith("constraint.")):
         rest = field.removeprefix("constraint.")
-        return c.field + rest[len(c.kind):] if rest.startswith((c.kind + ".", c.kind + "[")) else c.field
+        return c.body_field(rest[len(c.kind):]) if rest.startswith((c.kind + ".", c.kind + "[")) else c.field
     return req.names[prompt].get(field, default or field)
 
 
@@ -258,13 +258,15 @@ class Service:
             raise ApiError(404, f"model {model!r} is not served here; this server generates with {self.name!r}",
                            "model_not_found", "model")
 
-    def encode(self, prompt: Any, where: str, generation_prompt: bool = True) -> list[int]:
+    def encode(self, prompt: Any, where: str, generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a prompt: text, ids (checked against the vocabulary) or chat messages (rendered
-        with the model's template; `generation_prompt=False` for a prefix a later chat continues)."""
+        with the model's template, which also sees `tools`; `generation_prompt=False` for a prefix a later
+        chat continues)."""
         engine = self.engine
         try:
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-                prompt = engine.apply_chat_template(prompt, add_generation_prompt=generation_prompt)
+                prompt = engine.apply_chat_template(prompt, add_generation_prompt=generation_prompt, tools=tools)
             ids = engine.encode(prompt)
         except InvalidParam as exc:
             raise bad(exc.field if exc.field.startswith("messages") else where, exc.reason) from None
@@ -309,7 +311,8 @@ class Service:
         i's tokens from that index on (SGLang's `logprob_start_len`, as its dialect reads it)."""
         loop = self.ready()
         self.check_model(req.model)
-        prompt_ids = [self.encode(p, w) for p, w in zip(req.prompts, req.where)]
+        tools = req.tools.definitions if req.tools is not None else None
+        prompt_ids = [self.encode(p, w, tools=tools) for p, w in zip(req.prompts, req.where)]
         sequences = len(req.prompts) * req.n
         if sequences > self.cfg.max_waiting:  # a 503 would say "retry", and no retry could ever fit it
             field = "n" if req.n > 1 else req.where[0].split("[")[0]

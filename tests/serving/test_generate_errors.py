@@ -18,7 +18,7 @@ MSG = [{"role": "user", "content": "hello"}]
 LONG = "the quick brown fox jumps over the lazy dog " * 8  # over the tight server's 40 prompt tokens
 
 CHAT_CASES = [
-    ({"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": MSG, "tools": [{"type": "function"}], "tool_choice": "required"}, "tools[0].function"),
     ({"messages": MSG, "tool_choice": "auto"}, "tool_choice"),
     ({"messages": MSG, "store": True}, "store"),
     ({"messages": MSG, "logit_bias": {"5": 1}}, "logit_bias"),

@@ -1,0 +1,182 @@
+"""OpenAI function calling: `tools`, `tool_choice`, and the `tool_calls` read back from the output.
+
+A call the client forces is constrained decoding, whatever the model was trained on (vLLM does the same):
+a named function holds the output to that tool's `parameters` schema, and `"required"` to a JSON list of
+`{"name", "parameters"}` objects over all the tools, so the answer always parses into `tool_calls` with
+arguments that validate. What the model *chooses* (`"auto"`, OpenAI's default once tools are given) needs a
+parser for the model's own tool-call syntax, which SmolLM2's chat template does not have; it is refused by
+name rather than answered as text a client would read as "no call was wanted". `"none"` answers in text.
+
+The tools always reach the chat template (`tools`, as transformers passes them), so a model whose template
+renders them sees them; SmolLM2's does not, so what the model must know belongs in the messages too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from generation.constraints import Constraint, ConstraintError
+from serving.generate.config import GenerateConfig
+from serving.generate.schema import BodyConstraint, Fields, bad
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function name
+NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: a function without `parameters` takes none
+CHOICES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    parameters: dict[str, Any]
+    index: int  # its place in `tools`, for naming a field
+
+    @property
+    def field(self) -> str:
+        return f"tools[{self.index}].function.parameters"
+
+
+class RequiredConstraint(BodyConstraint):
+    """`tool_choice: "required"`'s list of calls. An engine error inside tool i's parameters names that
+    tool's field; each tool's schema was checked alone first, so what is left is the whole list's."""
+
+    def body_field(self, path: str) -> str:
+        m = re.match(r"\.items\.anyOf\[(\d+)\]\.properties\.parameters(.*)", path)
+        return f"tools[{m.group(1)}].function.parameters{m.group(2)}" if m else self.field
+
+
+@dataclass
+class ToolCalling:
+    """A chat request's tools and what it asks of them. `forced` is the named function; `required` any
+    call (`parallel`: one or more, else exactly one); neither: answer in text (`tool_choice: "none"`)."""
+
+    tools: list[Tool]
+    definitions: list[dict[str, Any]]  # as the body gave them: what the chat template sees
+    forced: Tool | None = None
+    required: bool = False
+    parallel: bool = True
+
+    @property
+    def calls_forced(self) -> bool:
+        return self.forced is not None or self.required
+
+    def constraint(self) -> BodyConstraint | None:
+        if self.forced is not None:
+            return BodyConstraint("json_schema", self.forced.parameters, self.forced.field)
+        if not self.required:
+            return None
+        for tool in self.tools:
+            _check_schema(tool)
+        defs: dict[str, Any] = {}
+        call = [{"type": "object", "properties": {"name": {"const": t.name}, "parameters": _hoisted(t, defs)},
+                 "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": call}}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        if defs:
+            schema["$defs"] = defs
+        return RequiredConstraint("json_schema", schema, "tools")
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The output as OpenAI `tool_calls`; None when it does not parse (a length cut, a failed choice)."""
+        if self.forced is not None:  # the arguments are the text itself, as generated (a cut one included)
+            return [tool_call(self.forced.name, text)]
+        try:
+            listed = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return [tool_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in listed]
+
+
+def tool_call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _check_schema(tool: Tool) -> None:
+    """Refuse a schema keyword that would not be enforced, naming the tool's own field (inside the list
+    of calls its path would read `items.anyOf[...]`)."""
+    try:
+        Constraint.from_spec({"json_schema": tool.parameters})
+    except ConstraintError as exc:
+        raise bad(tool.field + exc.where.removeprefix("json_schema"), exc.detail) from None
+
+
+def _hoisted(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
+    """Tool's schema as one branch of the list. A schema with `$ref`s (pydantic writes `#/$defs/...`) points
+    into its own root, which inside the list is no longer the root: it moves into `$defs` under its own
+    name and every local reference gains that prefix."""
+    if '"$ref"' not in json.dumps(tool.parameters):
+        return tool.parameters
+    key = f"tool{tool.index}"
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (f"#/$defs/{key}{v[1:]}" if k == "$ref" and isinstance(v, str) and v.startswith("#") else
+                        rewrite(v)) for k, v in node.items()}
+        return [rewrite(v) for v in node] if isinstance(node, list) else node
+
+    defs[key] = rewrite(tool.parameters)
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def parse_tools(f: Fields, cfg: GenerateConfig) -> ToolCalling | None:
+    """The body's `tools`, `tool_choice` and `parallel_tool_calls`, each error naming its field."""
+    choice = f.raw("tool_choice")
+    if not f.has("tools"):
+        if choice not in (None, "none"):
+            raise bad("tool_choice", "needs tools: give the functions in `tools`")
+        if f.has("parallel_tool_calls"):
+            f.boolean("parallel_tool_calls")
+        return None
+    given = f.raw("tools")
+    if not isinstance(given, list) or not given:
+        raise bad("tools", "must be a non-empty list of tools")
+    if len(given) > cfg.max_tools:
+        raise bad("tools", f"at most {cfg.max_tools} tools (--generate-max-tools), got {len(given)}")
+    tools = [_tool(t, i) for i, t in enumerate(given)]
+    names = [t.name for t in tools]
+    twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise bad(f"tools[{twice}].function.name", f"{names[twice]!r} is defined twice")
+    calling = ToolCalling(tools, given, parallel=f.boolean("parallel_tool_calls", True))
+    if choice is None or choice == "auto":
+        raise bad("tool_choice", "\"auto\" is not supported: this model has no tool-call syntax to parse. Force a "
+                                 "call with \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}, "
+                                 "or answer in text with \"none\"")
+    if isinstance(choice, str):
+        if choice not in CHOICES:
+            raise bad("tool_choice", f"must be one of {', '.join(CHOICES)} or a named function, got {choice!r}")
+        calling.required = choice == "required"
+        return calling
+    named = Fields(choice, {"type", "function"}, "tool_choice.", "tool_choice")
+    if named.raw("type") != "function":
+        raise bad("tool_choice.type", f"must be \"function\", got {named.raw('type')!r}")
+    function = Fields(named.raw("function"), {"name"}, "tool_choice.function.", "tool_choice.function")
+    name = function.raw("name")
+    if name not in names:
+        raise bad("tool_choice.function.name", f"{name!r} is not one of the tools ({', '.join(names)})")
+    calling.forced = tools[names.index(name)]
+    return calling
+
+
+def _tool(value: Any, i: int) -> Tool:
+    where = f"tools[{i}]"
+    tool = Fields(value, {"type", "function"}, f"{where}.", "a tool")
+    if tool.raw("type") != "function":
+        raise bad(f"{where}.type", f"must be \"function\", got {tool.raw('type')!r}")
+    fn = Fields(tool.raw("function"), {"name", "description", "parameters", "strict"}, f"{where}.function.",
+                "a function")
+    name = fn.raw("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise bad(f"{where}.function.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
+    if fn.has("description") and not isinstance(fn.raw("description"), str):
+        raise bad(f"{where}.function.description", "must be a string")
+    fn.boolean("strict")  # the arguments of a forced call always follow the schema, strict or not
+    parameters = fn.raw("parameters", NO_PARAMETERS)
+    if not isinstance(parameters, dict):
+        raise bad(f"{where}.function.parameters", "must be a JSON schema object")
+    return Tool(name, parameters, i)

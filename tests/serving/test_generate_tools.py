@@ -1,0 +1,217 @@
+"""OpenAI function calling through the `openai` SDK against a real `pagoda serve` (a 2-layer random Llama with
+SmolLM2's tokenizer and chat template): a named or required call always parses into `tool_calls` whose
+arguments validate against the tool's schema (the weights are noise, so that is the constraint's doing), equals
+the engine's constrained answer in-process, streams to the same calls, and `parse` reads it into pydantic
+objects; `auto` and every malformed tool are 400s naming their field; an agent's loop (an assistant's calls,
+then the tool's answer) renders through the chat template."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+import requests
+from serving_support import GEN_ENGINE_FLAGS, ServerProcess
+
+from generation import Engine, EngineConfig, SamplingParams
+from tests.generation.test_constraints import build_tiny_smollm2
+
+MODEL = "tiny-smollm2"
+CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny-smollm2-tools"))
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
+    proc = ServerProcess(tmp_path_factory.mktemp("tools-log") / "serve.log",
+                         ["--generate-only", "--generate-model", str(folder), "--generate-name", MODEL,
+                          *GEN_ENGINE_FLAGS, "--generate-max-new-tokens", "256", "--generate-max-tools", "4"])
+    yield proc.running()
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(folder):
+    return Engine(EngineConfig(model=str(folder), block_size=4, num_blocks=512, num_threads=1))
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def ask(client, **kw):
+    return client.chat.completions.create(**{"model": MODEL, "messages": CHAT, "temperature": 0, "max_tokens": 200,
+                                             "tools": TOOLS, **kw})
+
+
+def refused(client, param: str, **kw) -> str:
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(client, **kw)
+    assert exc.value.body["param"] == param, exc.value.body
+    return exc.value.body["message"]
+
+
+def test_a_named_call_follows_its_schema_and_equals_the_engine(client, engine):
+    r = ask(client, tool_choice=NAMED)
+    choice = r.choices[0]
+    assert choice.message.content is None and choice.finish_reason == "stop"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    ids = engine.encode(engine.apply_chat_template(CHAT, tools=TOOLS))
+    (ref,) = engine.generate([ids], SamplingParams(max_new_tokens=200, constraint={"json_schema": WEATHER}))
+    assert call.function.arguments == ref.text
+
+
+def test_a_named_call_streams_its_arguments(client):
+    full = ask(client, tool_choice=NAMED).choices[0].message.tool_calls[0]
+    chunks = list(ask(client, tool_choice=NAMED, stream=True))
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.tool_calls[0].function.name == "get_weather"
+    assert first.tool_calls[0].id.startswith("call_")
+    args = "".join(c.choices[0].delta.tool_calls[0].function.arguments for c in chunks[1:]
+                   if c.choices and c.choices[0].delta.tool_calls)
+    assert args == full.function.arguments
+    assert all(c.choices[0].delta.content is None for c in chunks if c.choices)
+    # the SDK's own accumulator reads the same call out of the chunks
+    with client.chat.completions.stream(model=MODEL, messages=CHAT, temperature=0, max_tokens=200, tools=TOOLS,
+                                        tool_choice=NAMED) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.tool_calls[0].function.arguments == full.function.arguments
+
+
+class Weather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=10)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class Place(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=8)
+
+
+class Trip(pydantic.BaseModel):
+    origin: Place
+    days: int = pydantic.Field(ge=1, le=9)
+
+
+def test_the_sdk_parses_a_forced_call_into_its_pydantic_model(client):
+    r = client.chat.completions.parse(model=MODEL, messages=CHAT, temperature=0, max_tokens=200,
+                                      tools=[openai.pydantic_function_tool(Weather)],
+                                      tool_choice={"type": "function", "function": {"name": "Weather"}})
+    parsed = r.choices[0].message.tool_calls[0].function.parsed_arguments
+    assert isinstance(parsed, Weather) and len(parsed.city) <= 10
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_calls_one_of_the_tools_with_valid_arguments(client, parallel):
+    r = ask(client, tool_choice="required", parallel_tool_calls=parallel, max_tokens=250)
+    choice = r.choices[0]
+    assert choice.message.content is None and choice.message.tool_calls, choice
+    if not parallel:
+        assert len(choice.message.tool_calls) == 1
+    for call in choice.message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    streamed = list(ask(client, tool_choice="required", parallel_tool_calls=parallel, max_tokens=250, stream=True))
+    calls = [tc for c in streamed if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    assert [(c.function.name, c.function.arguments) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert [c.index for c in calls] == list(range(len(calls)))
+    assert streamed[-1].choices[0].finish_reason == choice.finish_reason
+
+
+def test_required_over_schemas_with_refs_keeps_each_tools_definitions(client):
+    tools = [openai.pydantic_function_tool(Trip), openai.pydantic_function_tool(Weather)]
+    assert "$defs" in tools[0]["function"]["parameters"]
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=250, tools=tools,
+                                       tool_choice="required", parallel_tool_calls=False)
+    (call,) = r.choices[0].message.tool_calls
+    model = {"Trip": Trip, "Weather": Weather}[call.function.name]
+    model.model_validate_json(call.function.arguments)
+
+
+def test_a_cut_call_keeps_its_finish_reason(client):
+    named = ask(client, tool_choice=NAMED, max_tokens=3).choices[0]
+    assert named.finish_reason == "length" and len(named.message.tool_calls[0].function.arguments) > 0
+    required = ask(client, tool_choice="required", max_tokens=3).choices[0]
+    assert required.finish_reason == "length" and required.message.tool_calls is None
+    assert required.message.content.startswith("[")
+
+
+def test_tool_choice_none_answers_in_text(client):
+    with_tools = ask(client, tool_choice="none", max_tokens=8)
+    without = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=8)
+    assert with_tools.choices[0].message.tool_calls is None
+    assert with_tools.choices[0].message.content == without.choices[0].message.content  # SmolLM2 shows no tools
+
+
+def test_an_agent_loop_renders_the_calls_and_the_tools_answer(client, engine):
+    call = ask(client, tool_choice=NAMED).choices[0].message.tool_calls[0]
+    turns = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+             {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
+    r = client.chat.completions.create(model=MODEL, messages=turns, temperature=0, max_tokens=5)
+    rendered = engine.apply_chat_template([*CHAT, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                                           {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}])
+    assert "<|im_start|>tool\n18 degrees, sunny<|im_end|>" in rendered
+    assert r.usage.prompt_tokens == len(engine.encode(rendered))
+
+
+@pytest.mark.parametrize("kw, param", [
+    ({}, "tool_choice"),  # OpenAI's default once tools are given is "auto"
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+    ({"tool_choice": {"type": "tool", "function": {"name": "get_time"}}}, "tool_choice.type"),
+    ({"tool_choice": NAMED, "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tool_choice": "required", "tools": [TOOLS[0], {"type": "function", "function": {"name": "bad name!"}}]},
+     "tools[1].function.name"),
+    ({"tool_choice": "required", "tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name"),
+    ({"tool_choice": "required", "tools": [TOOLS[0], {"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "not": {}}}}}}]},
+     "tools[1].function.parameters.properties.x"),
+    ({"tool_choice": NAMED, "tools": [{**TOOLS[0], "function": {**TOOLS[0]["function"], "parameters": {
+        "type": "object", "properties": {"x": {"uniqueItems": True}}}}}]}, "tools[0].function.parameters.properties.x"),
+    ({"tool_choice": NAMED, "tools": TOOLS * 3}, "tools"),  # --generate-max-tools 4
+    ({"tool_choice": NAMED, "tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tool_choice": NAMED, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_tools_are_refused_by_field(client, kw, param):
+    refused(client, param, **kw)
+
+
+def test_messages_of_an_agent_loop_are_checked(server):
+    def post(messages):
+        return requests.post(server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 2},
+                             timeout=60)
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    for messages, param in [
+        ([{"role": "tool", "content": "12:00"}], "messages[0].tool_call_id"),
+        ([{"role": "user", "content": "hi", "tool_calls": [call]}], "messages[0].tool_calls"),
+        ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}],
+         "messages[0].tool_calls[0].function"),
+        ([{"role": "user", "content": "hi", "tool_call_id": "c"}], "messages[0].tool_call_id"),
+        ([{"role": "assistant", "content": None}], "messages[0].content"),
+    ]:
+        r = post(messages)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (messages, r.text)
+    assert post([*CHAT, {"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]).status_code == 200
