@@ -2,7 +2,7 @@
 
 Only what HTTP owes is checked here: the body is an object of the route's fields, each of the JSON type it
 must be, counts and sizes under the server's caps (`GenerateConfig`). A field the server does not support
-(`tools`, `logit_bias`, `suffix`, ...) is a 400 naming it, never silently dropped; the same field sent as
+(`functions`, `logit_bias`, `suffix`, ...) is a 400 naming it, never silently dropped; the same field sent as
 `null` asks for nothing and passes. What a value *means* (`top_p` in (0, 1], a token id inside the
 vocabulary) is the engine's to check, once: the service builds `SamplingParams` and maps the engine's
 `InvalidParam.field` back to the body field through `Request.names` (per prompt: SGLang's `sampling_params` may
@@ -15,19 +15,15 @@ Every error is `ApiError(400, ..., "invalid_request", field)`; on `/v1/*` the Op
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from generation.config import TEMPERATURE_RANGE
-from serving.errors import ApiError
+from serving.generate.body import BodyConstraint, Fields, bad
 from serving.generate.config import GenerateConfig
-
-if TYPE_CHECKING:
-    from serving.generate.tools import ToolCalling
+from serving.generate.tools import ToolCalling, parse_tools
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-MAX_STOP = 16
 
 # OpenAI's names for the engine's sampling fields, shared by both OpenAI routes; vLLM's and SGLang's
 # extras ride along under the engine's own names (clients send them through `extra_body`).
@@ -47,38 +43,11 @@ SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_
                    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
                    "sampling_seed", "regex", "json_schema", "ebnf"}
 PIN_FIELDS = {"text", "messages", "input_ids"}
-# Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
-HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
-            "store": False, "include_stop_str_in_output": False}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
 # A temperature in [0, this) is greedy on every route: the engine's least temperature (vLLM reads those as greedy
 # too; SGLang below 1e-6, and samples from there at a temperature that picks the top token all the same).
 GREEDY_BELOW = TEMPERATURE_RANGE[0]
 OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
-
-
-def bad(where: str, message: str) -> ApiError:
-    return ApiError(400, f"{where}: {message}", "invalid_request", where)
-
-
-@dataclass
-class BodyConstraint:
-    """A structured-output request: `kind` is the engine's name for it (`SamplingParams.constraint`'s key:
-    json_schema, json_object, regex, choices or grammar), `spec` the body's schema, pattern, choices or
-    grammar (True for json_object), `field` the body field it came from."""
-
-    kind: str
-    spec: Any
-    field: str
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """What `SamplingParams(constraint=...)` takes; the engine checks and compiles it."""
-        return {self.kind: self.spec}
-
-    def body_field(self, path: str) -> str:
-        """The body field at `path` inside the spec (`.properties.tags`; empty for the spec itself)."""
-        return self.field + path
 
 
 @dataclass
@@ -108,74 +77,6 @@ class Request:
     # per prompt, the body field that set its output budget; None: the server's default, which a long prompt
     # shrinks to what the context leaves (a budget the client set is refused instead: `Service.fit_context`)
     max_tokens_set: list[str | None] = dataclasses.field(default_factory=list)
-
-
-class Fields:
-    """A JSON object being read: each getter checks one field's JSON type and names it on failure."""
-
-    def __init__(self, body: Any, allowed: set[str], prefix: str = "", what: str = "request body"):
-        if not isinstance(body, dict):
-            raise bad(prefix.rstrip(".") or "body", f"{what} must be a JSON object, got {type(body).__name__}")
-        for key, value in body.items():
-            if key not in allowed and value is not None:
-                raise bad(prefix + key, "not supported by this server")
-        self.body = body
-        self.prefix = prefix
-
-    def where(self, name: str) -> str:
-        return self.prefix + name
-
-    def has(self, name: str) -> bool:
-        return self.body.get(name) is not None
-
-    def raw(self, name: str, default: Any = None) -> Any:
-        value = self.body.get(name)
-        return default if value is None else value
-
-    def number(self, name: str, default: float | None = None) -> float | None:
-        value = self.raw(name, default)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
-            raise bad(self.where(name), f"must be a number, got {value!r}")
-        return value
-
-    def integer(self, name: str, default: int | None = None, *, low: int | None = None,
-                high: int | None = None) -> int | None:
-        value = self.raw(name, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad(self.where(name), f"must be an integer, got {value!r}")
-        if low is not None and value < low:
-            raise bad(self.where(name), f"must be at least {low}, got {value}")
-        if high is not None and value > high:
-            raise bad(self.where(name), f"must be at most {high}, got {value}")
-        return value
-
-    def boolean(self, name: str, default: bool = False) -> bool:
-        value = self.raw(name, default)
-        if not isinstance(value, bool):
-            raise bad(self.where(name), f"must be true or false, got {value!r}")
-        return value
-
-    def stop(self, name: str) -> list[str]:
-        value = self.raw(name, [])
-        values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list) or not all(isinstance(s, str) and s for s in values):
-            raise bad(self.where(name), "must be a non-empty string or a list of them")
-        if len(values) > MAX_STOP:
-            raise bad(self.where(name), f"at most {MAX_STOP} stop strings, got {len(values)}")
-        return values
-
-    def token_ids(self, name: str) -> list[int]:
-        value = self.raw(name, [])
-        if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            raise bad(self.where(name), "must be a list of token ids")
-        return value
-
-    def harmless(self, name: str) -> None:
-        """A field taken only at the value that asks for nothing (`HARMLESS`)."""
-        if self.has(name) and self.body[name] != HARMLESS[name]:
-            raise bad(self.where(name), f"only {HARMLESS[name]!r} is supported")
 
 
 def parse_max_tokens(f: Fields, names: tuple[str, ...], default: int, cfg: GenerateConfig,
@@ -257,8 +158,6 @@ def _openai_constraint(f: Fields) -> BodyConstraint | None:
 
 
 def chat_request(body: Any, cfg: GenerateConfig) -> Request:
-    from serving.generate.tools import parse_tools  # tools.py reads its fields with this module's Fields
-
     f = Fields(body, CHAT_FIELDS)
     f.harmless("store")  # "keep nothing": what this server does anyway
     messages = f.raw("messages")

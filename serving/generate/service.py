@@ -21,9 +21,10 @@ from typing import Any
 
 from generation.config import InvalidParam, SamplingParams
 from serving.errors import ApiError
+from serving.generate.body import bad
 from serving.generate.config import GenerateConfig
 from serving.generate.metrics import GenerateMetrics
-from serving.generate.schema import Request, bad
+from serving.generate.schema import Request
 
 log = logging.getLogger("pagoda.serve")
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug

@@ -18,7 +18,8 @@ from contextlib import closing
 from typing import Any
 
 from serving.errors import ApiError, error_body
-from serving.generate.schema import Request, bad
+from serving.generate.body import bad
+from serving.generate.schema import Request
 from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import DONE, sse
 

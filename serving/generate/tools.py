@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from generation.constraints import Constraint, ConstraintError
+from serving.generate.body import BodyConstraint, Fields, bad
 from serving.generate.config import GenerateConfig
-from serving.generate.schema import BodyConstraint, Fields, bad
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function name
 NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: a function without `parameters` takes none
