@@ -8,6 +8,7 @@ deep in the scheduler would otherwise surface as an obscure tensor error minutes
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # the logits divided by it are inf or NaN in float32 (1e-300; 1e300 is inf itself, and -inf / inf is NaN on
 # a masked token): such requests are refused by name rather than failing in torch.multinomial. 0 is greedy.
 TEMPERATURE_RANGE = (1e-5, 1e6)
+LOGIT_BIAS_RANGE = (-100, 100)  # OpenAI's: -100 bans a token in practice, +100 all but forces it
 SEED_RANGE = (-(2**63), 2**63 - 1)  # torch.Generator's seeds (int64, as vLLM's API takes them)
 # Torch thread counts every command and server setting is refused past: torch takes any count it is given and
 # then segfaults or hangs starting the pool (99999 crashed `pagoda generate`; 4096 still works). Here, the lowest
@@ -159,8 +161,11 @@ class SamplingParams:
     regex, a list of choices or a grammar (`generation.constraints`): a spec such as `{"json_schema":
     schema}` or `{"regex": "[0-9]+"}`, checked here and kept as the canonical `Constraint`; the engine
     compiles it for its tokenizer when the request is added and masks each step's logits with it (before
-    `logits_processors`). Errors are `InvalidParam`s naming the field (`constraint.json_schema.properties.x`
-    for a schema keyword that would not be enforced).
+    `logits_processors`). `logit_bias` (token id -> a number in [-100, 100], OpenAI's field) is added to the
+    raw logits before the constraint's mask, so a grammar still wins (a masked token stays masked whatever its
+    bias) and the reported log-probabilities, taken before any processor, do not move with it. Errors are
+    `InvalidParam`s naming the field (`constraint.json_schema.properties.x` for a schema keyword that would
+    not be enforced).
     """
 
     max_new_tokens: int = 64
@@ -183,6 +188,7 @@ class SamplingParams:
     cache_salt: str | None = None
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
     constraint: dict[str, Any] | Constraint | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         w = "SamplingParams"
@@ -230,6 +236,7 @@ class SamplingParams:
                 self.constraint = Constraint.from_spec(self.constraint)
             except ConstraintError as exc:
                 raise InvalidParam(f"{w}.{exc.field}: {exc.detail}", exc.field) from None
+        self.logit_bias = _checked_logit_bias(self.logit_bias, w)
 
     @property
     def greedy(self) -> bool:
@@ -237,11 +244,25 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """True when argmax over raw logits is the whole story: no processors, constraint or penalties."""
-        return self.greedy and not self.logits_processors and self.constraint is None and not self.penalized
+        """True when argmax over raw logits is the whole story: no processors, constraint, bias or penalties."""
+        return (self.greedy and not self.logits_processors and self.constraint is None and not self.logit_bias
+                and not self.penalized)
 
     @property
     def penalized(self) -> bool:
         """A repetition, frequency or presence penalty is on: the row's logits depend on its own tokens, so
         it is sampled on its own (a greedy row without penalties takes its token from the batch's argmax)."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+
+def _checked_logit_bias(bias: Any, where: str) -> dict[int, float]:
+    """A copy of `bias` once every entry is a token id (an int >= 0) with a finite bias in `LOGIT_BIAS_RANGE`;
+    the copy keeps a caller's later edits of its dict out of requests already queued. The first bad entry is
+    named, since a bias map from a client may hold hundreds."""
+    _require(isinstance(bias, Mapping), where, "logit_bias", f"must be a dict of token id to bias, got {type(bias).__name__}")
+    low, high = LOGIT_BIAS_RANGE
+    for token, value in bias.items():
+        _require(_int(token) and token >= 0, where, "logit_bias", f"keys must be token ids (ints >= 0), got {token!r}")
+        _require(_real(value) and low <= value <= high, where, "logit_bias",
+                 f"token {token}: the bias must be a number in [{low}, {high}], got {value!r}")
+    return dict(bias)

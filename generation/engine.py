@@ -19,6 +19,7 @@ import torch
 from generation.block_manager import BlockManager
 from generation.config import EngineConfig, InvalidParam, SamplingParams, lone_surrogate
 from generation.constraints import ConstraintError, GrammarProcessor, processor_from_request
+from generation.logit_bias import LogitBias
 from generation.model_runner import ModelRunner, StepLogits
 from generation.prefix_cache import make_prefix_cache
 from generation.sampler import logprob_record, sample
@@ -155,6 +156,10 @@ class Engine:
         if unknown:  # it could never be sampled: a stop that never fires is a caller's mistake, said at once
             raise InvalidParam(f"SamplingParams.stop_token_ids: {unknown[:5]} outside the vocabulary (size "
                                f"{self.model_config.vocab_size})", "stop_token_ids")
+        unknown = [t for t in params.logit_bias if t >= self.model_config.vocab_size]
+        if unknown:  # no logit to add it to: refused rather than an index error in the sampler
+            raise InvalidParam(f"SamplingParams.logit_bias: token ids {unknown[:5]} outside the vocabulary (size "
+                               f"{self.model_config.vocab_size})", "logit_bias")
 
     def _constraint_processor(self, params: SamplingParams) -> GrammarProcessor | None:
         if params.constraint is None:
@@ -190,10 +195,15 @@ class Engine:
         kept = self._pin(pin) if pin is not None else None
         seq = Sequence(prompt_ids=kept.tokens + ids if kept else ids, params=params, request_id=request_id,
                        index=index, pin=kept, pin_result=pin_result)
+        # ahead of the request's own processors: the bias edits the raw logits (OpenAI's meaning), then the
+        # grammar masks them, a masked token staying -inf whatever its bias. The grammar comes first among
+        # the rest, so constrained rows share one bitmask call per step, whatever custom processors follow
+        # (a processor that re-opens a masked token fails its own request); a step mixing biased and unbiased
+        # constrained rows makes two such calls, one per list position.
+        ahead = [LogitBias(params.logit_bias, self.runner.device)] if params.logit_bias else []
         if grammar is not None:
-            # first in the list: every constrained row of a step then shares one bitmask call, whatever
-            # custom processors follow (a processor that re-opens a masked token fails its own request)
-            seq.processors.insert(0, grammar.fork())
+            ahead.append(grammar.fork())
+        seq.processors[:0] = ahead
         return seq
 
     def _enqueue(self, seq: Sequence) -> None:

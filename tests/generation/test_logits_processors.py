@@ -1,12 +1,16 @@
-"""Logits processors: bans, no-op processors, mixed batches, batching by class, state across preemption, failures."""
+"""Logits processors: bans, no-op processors, mixed batches, batching by class, state across preemption, failures,
+and `logit_bias`, the processor the engine adds itself."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
-from generation import Engine, EngineConfig, LogitsProcessor, SamplingParams
+from generation import Engine, EngineConfig, InvalidParam, LogitsProcessor, SamplingParams
 from generation.engine import GenerationOutput
+from generation.logit_bias import LogitBias
 from generation.sampler import sample
 from generation.sequence import Sequence
 from tests.generation.llama_builders import hf_greedy
@@ -196,3 +200,89 @@ def test_a_row_that_cannot_be_sampled_ends_only_its_own_request(engine):
     assert ends[good].finish_reason == "length" and ends[good].token_ids == greedy
     assert ends[tiny].finish_reason == "length" and ends[tiny].token_ids == greedy
     assert no_leak(engine)
+
+
+# ---- logit_bias: OpenAI's field, a processor the engine adds ahead of the grammar ---------------------------
+
+
+def test_a_bias_of_100_forces_a_token_and_minus_100_bans_it(engine):
+    """Greedy with +100 on a token picks it every step; -100 on the greedy token falls to the second most likely.
+    The reported log-probabilities stay the raw distribution's: the forced token keeps its own, low one."""
+    plain = SamplingParams(max_new_tokens=5, ignore_eos=True, logprobs=2)
+    free = engine.generate([5, 6, 7], plain)[0]
+    (first, _), (second, _) = free.logprobs[0]["top"]
+    forced_token = next(t for t in range(3, 320) if t not in free.token_ids)
+    forced = engine.generate([5, 6, 7], SamplingParams(**{**plain.__dict__, "logit_bias": {forced_token: 100}}))[0]
+    assert forced.token_ids == [forced_token] * 5
+    assert [t for t, _ in forced.logprobs[0]["top"]] == [first, second]
+    assert forced.logprobs[0]["logprob"] < forced.logprobs[0]["top"][1][1]  # raw: not lifted by the bias
+    banned = engine.generate([5, 6, 7], SamplingParams(**{**plain.__dict__, "logit_bias": {first: -100}}))[0]
+    assert banned.token_ids[0] == second and first not in banned.token_ids
+    assert not SamplingParams(logit_bias={first: 1.5}).plain_greedy and SamplingParams(logit_bias={}).plain_greedy
+    assert no_leak(engine)
+
+
+def test_biased_rows_leave_their_batch_mates_bit_identical():
+    """Biased rows (one `apply_batch` call for all of them, rows not adjacent) edit only their own listed
+    tokens: every other row samples exactly as without them, and each biased row as if it were alone."""
+    logits = torch.randn(len(MIXED), 300, generator=torch.Generator().manual_seed(2))
+    extra = torch.randn(2, 300, generator=torch.Generator().manual_seed(3))
+    plain = sample(logits.clone(), rows(MIXED))
+    up, down = LogitBias({7: 100.0, 8: -3.5}), LogitBias({int(extra[1].argmax()): -100.0})
+    seqs = rows(MIXED)
+    seqs.insert(2, Sequence([5, 6], SamplingParams(logits_processors=[up], logprobs=1), "up"))
+    seqs.append(Sequence([5, 6], SamplingParams(logits_processors=[down]), "down"))
+    mixed = sample(torch.cat([logits[:2], extra[:1], logits[2:], extra[1:]]), seqs)
+    assert mixed.tokens[:2] + mixed.tokens[3:-1] == plain.tokens and not mixed.errors
+    assert mixed.records[:2] + mixed.records[3:-1] == plain.records
+    assert mixed.tokens[2] == 7 and mixed.records[2]["logprob"] == float(torch.log_softmax(extra[0], -1)[7])  # raw
+    alone = extra[1].clone()
+    down([], [], alone)
+    assert mixed.tokens[-1] == int(alone.argmax()) != int(extra[1].argmax())
+
+
+def test_a_biased_request_leaves_the_others_in_its_batch_unchanged(engine, tiny_llama):
+    prompts = [[5, 6, 7], [20, 21, 22, 23, 24], [40] * 9]
+    free = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    ref = hf_greedy(tiny_llama, prompts, 8)
+    biased = SamplingParams(max_new_tokens=8, ignore_eos=True, logit_bias={ref[1][0]: -100, 9: 100})
+    outs = engine.generate(prompts, [free, biased, free])
+    assert outs[0].token_ids == ref[0] and outs[2].token_ids == ref[2]
+    assert outs[1].token_ids == [9] * 8
+    assert no_leak(engine)
+
+
+def test_a_constraint_wins_over_a_bias(engine):
+    """The bias edits the raw logits and the grammar masks them after: +100 on a token the regex forbids never
+    gets it sampled, +100 on an allowed one takes every step the regex leaves open."""
+    tok = engine.tokenizer
+    seven, q = tok.encode("7"), tok.encode("q")
+    assert len(seven) == len(q) == 1
+    regex = {"regex": "[a-z]{3,12}"}
+    out = engine.generate("numbers", SamplingParams(max_new_tokens=20, constraint=regex,
+                                                    logit_bias={seven[0]: 100}))[0]
+    assert out.finish_reason == "stop" and seven[0] not in out.token_ids and re.fullmatch("[a-z]{3,12}", out.text)
+    both = engine.generate("numbers", SamplingParams(max_new_tokens=20, constraint=regex,
+                                                     logit_bias={seven[0]: 100, q[0]: 100}))[0]
+    assert both.finish_reason == "stop" and both.text == "q" * 12
+    assert no_leak(engine)
+
+
+@pytest.mark.parametrize("bias", [{5: 100.5}, {5: -101}, {5: float("nan")}, {5: float("inf")}, {5: "1"}, {5: True},
+                                  {-1: 1.0}, {"5": 1.0}, {5.0: 1.0}, [(5, 1.0)]])
+def test_a_bad_logit_bias_is_refused_by_name(bias):
+    with pytest.raises(InvalidParam) as err:
+        SamplingParams(logit_bias=bias)
+    assert err.value.field == "logit_bias" and str(err.value).startswith("SamplingParams.logit_bias: ")
+
+
+def test_a_bias_on_a_token_outside_the_vocabulary_is_refused_before_anything_is_queued(engine):
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(logit_bias={vocab - 1: 100, vocab: 1.0})  # the edges are in range
+    with pytest.raises(InvalidParam) as err:
+        engine.check_params(params)
+    assert err.value.field == "logit_bias" and f"[{vocab}]" in str(err.value)
+    with pytest.raises(InvalidParam):
+        engine.generate(["hello", "world"], [SamplingParams(), params])
+    assert engine.num_unfinished == 0 and not engine.scheduler.waiting
+    engine.check_params(SamplingParams(logit_bias={0: -100, vocab - 1: 100}))
