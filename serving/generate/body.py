@@ -105,6 +105,22 @@ class Fields:
             raise bad(self.where(name), "must be a list of token ids")
         return value
 
+    def logit_bias(self, name: str) -> dict[int, float]:
+        """OpenAI's (and SGLang's) token id -> bias object. JSON keys are strings, so an id comes spelled in
+        decimal ("50256"); only that spelling and the values' JSON type are checked here, the range and the
+        vocabulary are the engine's. One spelling per id (no "007"), so no two keys can name the same token."""
+        value = self.raw(name, {})
+        if not isinstance(value, dict):
+            raise bad(self.where(name), f"must be an object of token ids to biases, got {type(value).__name__}")
+        out: dict[int, float] = {}
+        for key, bias in value.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 19 and key == str(int(key))):
+                raise bad(self.where(name), f"keys must be token ids in decimal, such as \"50256\", got {key!r:.40}")
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias):
+                raise bad(self.where(name), f"token {key}: the bias must be a number, got {bias!r:.40}")
+            out[int(key)] = bias
+        return out
+
     def harmless(self, name: str) -> None:
         """A field taken only at the value that asks for nothing (`HARMLESS`)."""
         if self.has(name) and self.body[name] != HARMLESS[name]:

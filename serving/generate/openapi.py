@@ -7,6 +7,7 @@ test validates real responses against what is written here).
 
 from __future__ import annotations
 
+from generation.config import LOGIT_BIAS_RANGE
 from serving.generate.config import GenerateConfig
 from serving.generate.schema import (
     CHAT_FIELDS,
@@ -53,9 +54,14 @@ def openapi(cfg: GenerateConfig) -> dict:
     ids = {"type": "array", "items": integer}
     constraint = {"type": "object", "description": "structured output (constrained decoding); 400 where the "
                                                   "server has no grammar engine"}
+    low, high = LOGIT_BIAS_RANGE
+    logit_bias = {"type": "object", "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$"},
+                  "additionalProperties": {"type": "number", "minimum": low, "maximum": high},
+                  "description": "token id (in decimal) -> a number added to its logit before any constraint's "
+                                 "mask; ids outside the vocabulary are a 400; reported logprobs stay unbiased"}
     sampling = {"temperature": num, "top_p": num, "seed": integer, "presence_penalty": num, "frequency_penalty": num,
                 "top_k": integer, "min_p": num, "repetition_penalty": num, "ignore_eos": boolean,
-                "skip_special_tokens": boolean, "stop": stop, "stop_token_ids": ids,
+                "skip_special_tokens": boolean, "stop": stop, "stop_token_ids": ids, "logit_bias": logit_bias,
                 "n": {"type": "integer", "minimum": 1, "maximum": cfg.max_n}, "stream": boolean,
                 "stream_options": {"type": "object", "properties": {"include_usage": boolean}},
                 "model": string, "user": {"type": "string", "description": "accepted; has no effect"},
@@ -85,7 +91,7 @@ def openapi(cfg: GenerateConfig) -> dict:
                             "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": integer}}}}
     finish = {"enum": ["stop", "length"]}
     sg_sampling = {k: {} for k in SGLANG_SAMPLING} | {"max_new_tokens": max_tokens, "temperature": num,
-                                                      "stop": stop, "stop_token_ids": ids}
+                                                      "stop": stop, "stop_token_ids": ids, "logit_bias": logit_bias}
     schemas = {
         "ChatCompletionRequest": _request("chat", {
             **{k: v for k, v in sampling.items()}, "messages": {"type": "array", "minItems": 1, "items": message},

@@ -2,7 +2,7 @@
 
 Only what HTTP owes is checked here: the body is an object of the route's fields, each of the JSON type it
 must be, counts and sizes under the server's caps (`GenerateConfig`). A field the server does not support
-(`functions`, `logit_bias`, `suffix`, ...) is a 400 naming it, never silently dropped; the same field sent as
+(`functions`, `suffix`, `best_of`, ...) is a 400 naming it, never silently dropped; the same field sent as
 `null` asks for nothing and passes. What a value *means* (`top_p` in (0, 1], a token id inside the
 vocabulary) is the engine's to check, once: the service builds `SamplingParams` and maps the engine's
 `InvalidParam.field` back to the body field through `Request.names` (per prompt: SGLang's `sampling_params` may
@@ -27,8 +27,8 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 # OpenAI's names for the engine's sampling fields, shared by both OpenAI routes; vLLM's and SGLang's
 # extras ride along under the engine's own names (clients send them through `extra_body`).
-OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                   "repetition_penalty", "ignore_eos", "skip_special_tokens")
+OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_k",
+                   "min_p", "repetition_penalty", "ignore_eos", "skip_special_tokens")
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
                "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
                "tools", "tool_choice", "parallel_tool_calls", "store", "include_stop_str_in_output",
@@ -41,7 +41,7 @@ GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_log
 SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
                    "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
                    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-                   "sampling_seed", "regex", "json_schema", "ebnf"}
+                   "sampling_seed", "logit_bias", "regex", "json_schema", "ebnf"}
 PIN_FIELDS = {"text", "messages", "input_ids"}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
 # A temperature in [0, this) is greedy on every route: the engine's least temperature (vLLM reads those as greedy
@@ -114,6 +114,8 @@ def _openai_sampling(f: Fields, cfg: GenerateConfig) -> tuple[dict[str, Any], di
             kw[name] = f.boolean(name)
     kw["stop"] = f.stop("stop")
     kw["stop_token_ids"] = f.token_ids("stop_token_ids")
+    if f.has("logit_bias"):
+        kw["logit_bias"] = f.logit_bias("logit_bias")
     n = f.integer("n", 1, low=1, high=cfg.max_n)
     names = {k: k for k in (*OPENAI_SAMPLING, "stop", "stop_token_ids")}
     return kw, names, n
@@ -343,6 +345,8 @@ def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, 
             kw[name], names[name] = f.boolean(name), name
     kw["stop"], names["stop"] = f.stop("stop"), "stop"
     kw["stop_token_ids"], names["stop_token_ids"] = f.token_ids("stop_token_ids"), "stop_token_ids"
+    if f.has("logit_bias"):
+        kw["logit_bias"], names["logit_bias"] = f.logit_bias("logit_bias"), "logit_bias"
     default = min(SGLANG_DEFAULT_MAX_NEW_TOKENS, cfg.max_new_tokens)
     kw["max_new_tokens"] = f.integer("max_new_tokens", default, low=0, high=cfg.max_new_tokens)
     n = f.integer("n", 1, low=1, high=cfg.max_n)

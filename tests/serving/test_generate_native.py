@@ -103,6 +103,21 @@ def test_sampling_values_sglang_takes(gen):
         assert r.status_code == 200 and r.json()["text"] == greedy, (extra, r.text)
 
 
+def test_sampling_params_logit_bias_as_sglang_takes_it(gen, gen_engine):
+    """SGLang's `sampling_params.logit_bias` (token id strings -> bias): the engine's answer in-process; errors name
+    the field under `sampling_params`."""
+    ids = gen_engine.tokenizer.encode("the quick brown fox")
+    (free,) = gen_engine.generate([ids], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    tok = next(t for t in range(3, 300) if t not in free.token_ids)
+    (ref,) = gen_engine.generate([ids], SamplingParams(max_new_tokens=4, ignore_eos=True, logit_bias={tok: 100}))
+    r = post(gen, {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True,
+                                                         "logit_bias": {str(tok): 100}}})
+    assert r.status_code == 200 and r.json()["output_ids"] == ref.token_ids == [tok] * 4, r.text
+    for bias in ({"tok": 1}, {"5": 200}, {"5": None}, {str(10**9): 1}):
+        r = post(gen, {"input_ids": ids, "sampling_params": {"logit_bias": bias}})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "sampling_params.logit_bias", (bias, r.text)
+
+
 def test_max_new_tokens_zero_caches_the_prefix(gen):
     prefix = "a radix tree finds the longest cached prefix of every prompt and " * 2
     r = post(gen, {"text": prefix, "sampling_params": {"max_new_tokens": 0}}).json()

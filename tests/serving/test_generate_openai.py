@@ -235,3 +235,40 @@ def test_a_budget_past_the_context_is_refused_and_a_default_one_shrinks(gen):
         "temperature": 0, "ignore_eos": True}}, timeout=120)  # SGLang's default budget, 128, past the 124 left
     assert r.status_code == 200, r.text
     assert r.json()["meta_info"]["completion_tokens"] == 124
+
+
+def test_logit_bias_forces_a_token_on_both_routes_as_in_process(client, gen_engine):
+    """OpenAI's `logit_bias` (token ids as decimal strings): +100 on a token the model would not pick makes
+    greedy decoding pick it every step, the answer the engine gives in-process with `SamplingParams.logit_bias`."""
+    prompt = gen_engine.tokenizer.encode("the quick brown fox")
+    (free,) = gen_engine.generate([prompt], SamplingParams(max_new_tokens=5, ignore_eos=True))
+    tok = next(t for t in range(3, 300) if t not in free.token_ids)
+    ids, ref = engine_answer(gen_engine, CHAT, max_new_tokens=5, logit_bias={tok: 100})
+    (ref_completion,) = gen_engine.generate([prompt], SamplingParams(max_new_tokens=5, logit_bias={tok: 100}))
+    assert ref.token_ids == ref_completion.token_ids == [tok] * 5
+    chat = client.chat.completions.create(model="tiny-llama", messages=CHAT, logit_bias={str(tok): 100},
+                                          temperature=0, max_tokens=5, logprobs=True)
+    assert chat.choices[0].message.content == ref.text and chat.usage.completion_tokens == 5
+    assert [bytes(e.bytes) for e in chat.choices[0].logprobs.content] == [gen_engine.tokenizer.token_bytes(tok)] * 5
+    completion = client.completions.create(model="tiny-llama", prompt=prompt, logit_bias={str(tok): 100},
+                                           temperature=0, max_tokens=5, logprobs=0)
+    assert completion.choices[0].text == ref_completion.text
+    assert completion.choices[0].logprobs.tokens == [gen_engine.tokenizer.decode([tok])] * 5
+    banned = client.completions.create(model="tiny-llama", prompt=prompt, logit_bias={str(free.token_ids[0]): -100},
+                                       temperature=0, max_tokens=1)
+    (ref_banned,) = gen_engine.generate([prompt], SamplingParams(max_new_tokens=1, logit_bias={free.token_ids[0]: -100}))
+    assert banned.choices[0].text == ref_banned.text != gen_engine.tokenizer.decode(free.token_ids[:1])
+
+
+@pytest.mark.parametrize(("bias", "needle"), [
+    ({"x": 1}, "'x'"), ({"-5": 1}, "'-5'"), ({" 5": 1}, "' 5'"), ({"05": 1}, "'05'"), ({"5": "high"}, "'high'"),
+    ({"5": True}, "True"), ({"5": 100.5}, "[-100, 100]"), ({"5": -101}, "[-100, 100]"),
+    ({"1000000": 1}, "[1000000] outside the vocabulary"), ([5], "object")])
+def test_a_bad_logit_bias_is_a_400_naming_it(client, bias, needle):
+    """Keys are token ids in decimal, values numbers in [-100, 100] (OpenAI's range), ids inside the vocabulary:
+    the parser checks the JSON, the engine the rest, and either way the error's `param` is `logit_bias`."""
+    for create, kw in ((client.chat.completions.create, {"messages": CHAT}),
+                       (client.completions.create, {"prompt": "hello"})):
+        with pytest.raises(openai.BadRequestError) as err:
+            create(model="tiny-llama", max_tokens=2, logit_bias=bias, **kw)
+        assert err.value.body["param"] == "logit_bias" and needle in err.value.body["message"], err.value.body

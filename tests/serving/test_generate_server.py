@@ -96,10 +96,14 @@ def test_openapi_documents_the_generation_routes_and_answers_validate(gen):
                  "/get_model_info", "/server_info", "/flush_cache", "/health_generate"):
         assert path in doc["paths"], path
     calls = [("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletion",
-              {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+              {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logit_bias": {"5": -1.5}}),
              ("/v1/completions", "CompletionRequest", "Completion", {"prompt": ["a", "b"], "max_tokens": 2}),
              ("/generate", "GenerateRequest", "GenerateResponse", {"text": ["a"], "sampling_params": {"max_new_tokens": 2}})]
     schemas = doc["components"]["schemas"]
+    sglang = schemas["GenerateRequest"]["properties"]["sampling_params"]["oneOf"][0]["properties"]
+    for logit_bias in (schemas["ChatCompletionRequest"]["properties"]["logit_bias"],
+                       schemas["CompletionRequest"]["properties"]["logit_bias"], sglang["logit_bias"]):
+        assert logit_bias["additionalProperties"] == {"type": "number", "minimum": -100, "maximum": 100}
     for path, request_schema, response_schema, body in calls:
         check(body, schemas[request_schema], doc, f"request {path}")
         r = requests.post(gen.url + path, json=body, timeout=60)
