@@ -163,12 +163,16 @@ class SamplingParams:
     compiles it for its tokenizer when the request is added and masks each step's logits with it (before
     `logits_processors`). `logit_bias` (token id -> a number in [-100, 100], OpenAI's field) is added to the
     raw logits before the constraint's mask, so a grammar still wins (a masked token stays masked whatever its
-    bias) and the reported log-probabilities, taken before any processor, do not move with it. Errors are
+    bias) and the reported log-probabilities, taken before any processor, do not move with it.
+    `min_new_tokens` (SGLang's name; vLLM's `min_tokens`) masks the stopping tokens and skips stop strings
+    until the output holds that many tokens; a constraint decides where its output may end, so the two are
+    not combined. Errors are
     `InvalidParam`s naming the field (`constraint.json_schema.properties.x` for a schema keyword that would
     not be enforced).
     """
 
     max_new_tokens: int = 64
+    min_new_tokens: int = 0
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -216,6 +220,8 @@ class SamplingParams:
                  w, "stop_token_ids", "must be a list of ints >= 0")
         self.stop_token_ids = list(self.stop_token_ids)
         _require(isinstance(self.ignore_eos, bool), w, "ignore_eos", "must be a bool")
+        _require(_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens, w, "min_new_tokens",
+                 f"must be an int in [0, max_new_tokens = {self.max_new_tokens}], got {self.min_new_tokens!r}")
         _require(self.logprobs is None or (_int(self.logprobs) and 0 <= self.logprobs <= 20), w, "logprobs",
                  "must be None or an int in [0, 20]")
         _require(self.prompt_logprobs is None or (_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
@@ -237,6 +243,8 @@ class SamplingParams:
             except ConstraintError as exc:
                 raise InvalidParam(f"{w}.{exc.field}: {exc.detail}", exc.field) from None
         self.logit_bias = _checked_logit_bias(self.logit_bias, w)
+        _require(not (self.min_new_tokens and self.constraint is not None), w, "min_new_tokens",
+                 "cannot be combined with a constraint: the grammar decides where the output may end")
 
     @property
     def greedy(self) -> bool:
@@ -244,9 +252,10 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """True when argmax over raw logits is the whole story: no processors, constraint, bias or penalties."""
+        """True when argmax over raw logits is the whole story: no processors, constraint, bias, least length or
+        penalties."""
         return (self.greedy and not self.logits_processors and self.constraint is None and not self.logit_bias
-                and not self.penalized)
+                and not self.min_new_tokens and not self.penalized)
 
     @property
     def penalized(self) -> bool:

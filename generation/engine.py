@@ -20,6 +20,7 @@ from generation.block_manager import BlockManager
 from generation.config import EngineConfig, InvalidParam, SamplingParams, lone_surrogate
 from generation.constraints import ConstraintError, GrammarProcessor, processor_from_request
 from generation.logit_bias import LogitBias
+from generation.min_new_tokens import MinNewTokens
 from generation.model_runner import ModelRunner, StepLogits
 from generation.prefix_cache import make_prefix_cache
 from generation.sampler import logprob_record, sample
@@ -201,6 +202,9 @@ class Engine:
         # (a processor that re-opens a masked token fails its own request); a step mixing biased and unbiased
         # constrained rows makes two such calls, one per list position.
         ahead = [LogitBias(params.logit_bias, self.runner.device)] if params.logit_bias else []
+        stops = [*([] if params.ignore_eos else self.eos_ids), *params.stop_token_ids]
+        if params.min_new_tokens and stops:
+            ahead.append(MinNewTokens(params.min_new_tokens, stops, self.runner.device))
         if grammar is not None:
             ahead.append(grammar.fork())
         seq.processors[:0] = ahead
@@ -312,12 +316,15 @@ class Engine:
             if p.trim_stop_token:
                 seq.text = self.tokenizer.decode(seq.output_ids[:-1], p.skip_special_tokens)
             return "stop"
-        if p.stop:
+        if p.stop and len(seq.output_ids) < p.min_new_tokens:  # as SGLang and vLLM: no stop string before that
+            seq.stop_floor = len(seq.text.rstrip("\ufffd"))  # the characters that are final
+        elif p.stop:
             # a stop string may straddle token boundaries: search from where one could have begun before this
             # token's text (a token may add any number of characters; up to 3 U+FFFD of a character still
-            # incomplete may have collapsed into it)
+            # incomplete may have collapsed into it), but not one that ended before min_new_tokens
             start = max(0, before - max(len(s) for s in p.stop) - 3)
-            hits = [(i, s) for i, s in ((seq.text.find(s, start), s) for s in p.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((seq.text.find(s, max(start, seq.stop_floor - len(s) + 1)), s)
+                                        for s in p.stop) if i >= 0]
             if hits:
                 at, seq.matched_stop = min(hits)
                 seq.text = seq.text[:at]

@@ -62,6 +62,7 @@ class Sequence:
     matched_stop: int | str | None = None  # what ended a `stop`: a token id or a stop string
     text: str = ""
     emitted_text_len: int = 0
+    stop_floor: int = 0  # text written before `min_new_tokens` allowed a stop: no stop string may end inside it
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     prompt_logprobs: list[dict[str, Any] | None] = field(default_factory=list)
     generator: torch.Generator | None = None

@@ -122,7 +122,7 @@ class HttpBackend(Backend):
 def _sampling_params(p: GenParams) -> dict[str, Any]:
     """`sampling_params` as RuntimeEndpoint writes them (its no-op fields included)."""
     out = {"skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": p.max_new_tokens,
-           "min_new_tokens": 0, "n": 1, "stop": p.stops, "stop_token_ids": list(p.stop_token_ids or []),
+           "min_new_tokens": p.min_new_tokens or 0, "n": 1, "stop": p.stops, "stop_token_ids": list(p.stop_token_ids or []),
            "stop_regex": [], "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
            "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
            "ignore_eos": p.ignore_eos, "regex": p.regex, "json_schema": p.json_schema}

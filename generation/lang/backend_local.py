@@ -90,10 +90,12 @@ class LocalBackend(Backend):
         # it is compiled when the request is submitted, and either failure is a LangError naming the call
         try:
             return SamplingParams(
-                max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                max_new_tokens=params.max_new_tokens, min_new_tokens=params.min_new_tokens or 0,
+                temperature=params.temperature, top_p=params.top_p,
                 top_k=0 if params.top_k in (None, -1) else params.top_k, min_p=params.min_p,
                 frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
                 stop=params.stops, stop_token_ids=list(params.stop_token_ids or []), ignore_eos=params.ignore_eos,
+                trim_stop_token=True,  # a stop token's text is left out, as SGLang's server (and HttpBackend) leave it
                 seed=params.seed, logprobs=(params.top_logprobs_num or 0) if params.return_logprob else None,
                 constraint=params.constraint)
         except InvalidParam as exc:

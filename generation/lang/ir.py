@@ -32,6 +32,7 @@ class GenParams:
     """A `gen`'s sampling settings; None means "the program's default" (`Program.run(...)`'s arguments)."""
 
     max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     temperature: float | None = None
@@ -66,7 +67,7 @@ class GenParams:
         return None
 
 
-SGLANG_DEFAULTS = GenParams(max_new_tokens=128, stop=[], stop_token_ids=[], temperature=1.0, top_p=1.0, top_k=-1,
+SGLANG_DEFAULTS = GenParams(max_new_tokens=128, min_new_tokens=0, stop=[], stop_token_ids=[], temperature=1.0, top_p=1.0, top_k=-1,
                             min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, ignore_eos=False)
 
 
@@ -140,7 +141,8 @@ class RoleEnd(Expr):
     site: CallSite
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, *, stop: str | list[str] | None = None,
+def gen(name: str | None = None, max_tokens: int | None = None, *, min_tokens: int | None = None,
+        stop: str | list[str] | None = None,
         stop_token_ids: list[int] | None = None, temperature: float | None = None, top_p: float | None = None,
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, ignore_eos: bool | None = None, seed: int | None = None,
@@ -149,7 +151,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, *, stop: str | l
         choices_method: ChoiceMethod | None = None) -> Gen | Select:
     """Let the model continue the text; the result is appended and, with a `name`, kept as `state[name]`.
 
-    Settings left None take the program's defaults (SGLang's: 128 tokens, temperature 1). `regex` (whole
+    Settings left None take the program's defaults (SGLang's: 128 tokens, temperature 1). `min_tokens`: no
+    stop (EOS, a stop token or string) before that many tokens. `regex` (whole
     output), `json_schema` (an object or its JSON text) and `dtype` (int, float, str or bool: a literal of
     that type, kept as text) constrain what is written, at most one of them. With `choices`, this is
     `select(name, choices)`."""
@@ -169,7 +172,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, *, stop: str | l
         regex = DTYPE_REGEX[dtype_name]
     if json_schema is not None and not isinstance(json_schema, str):
         json_schema = json.dumps(json_schema, ensure_ascii=False)
-    params = GenParams(max_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,
+    params = GenParams(max_tokens, min_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,
                        presence_penalty, ignore_eos, seed, return_logprob, top_logprobs_num, regex, json_schema)
     return Gen(name, params, dtype_name, site)
 

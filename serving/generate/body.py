@@ -15,7 +15,7 @@ from serving.errors import ApiError
 
 MAX_STOP = 16
 # Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
-HARMLESS = {"min_new_tokens": 0, "stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
+HARMLESS = {"stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
             "store": False, "include_stop_str_in_output": False}
 
 

@@ -61,6 +61,7 @@ def openapi(cfg: GenerateConfig) -> dict:
                                  "mask; ids outside the vocabulary are a 400; reported logprobs stay unbiased"}
     sampling = {"temperature": num, "top_p": num, "seed": integer, "presence_penalty": num, "frequency_penalty": num,
                 "top_k": integer, "min_p": num, "repetition_penalty": num, "ignore_eos": boolean,
+                "min_tokens": {"type": "integer", "minimum": 0, "description": "vLLM's: no stop before this many tokens"},
                 "skip_special_tokens": boolean, "stop": stop, "stop_token_ids": ids, "logit_bias": logit_bias,
                 "n": {"type": "integer", "minimum": 1, "maximum": cfg.max_n}, "stream": boolean,
                 "stream_options": {"type": "object", "properties": {"include_usage": boolean}},

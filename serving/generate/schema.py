@@ -28,7 +28,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 # OpenAI's names for the engine's sampling fields, shared by both OpenAI routes; vLLM's and SGLang's
 # extras ride along under the engine's own names (clients send them through `extra_body`).
 OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_k",
-                   "min_p", "repetition_penalty", "ignore_eos", "skip_special_tokens")
+                   "min_p", "repetition_penalty", "ignore_eos", "skip_special_tokens", "min_tokens")
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
                "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
                "tools", "tool_choice", "parallel_tool_calls", "store", "include_stop_str_in_output",
@@ -116,8 +116,10 @@ def _openai_sampling(f: Fields, cfg: GenerateConfig) -> tuple[dict[str, Any], di
     kw["stop_token_ids"] = f.token_ids("stop_token_ids")
     if f.has("logit_bias"):
         kw["logit_bias"] = f.logit_bias("logit_bias")
+    if f.has("min_tokens"):  # vLLM's name for the engine's min_new_tokens
+        kw["min_new_tokens"] = f.integer("min_tokens", low=0)
     n = f.integer("n", 1, low=1, high=cfg.max_n)
-    names = {k: k for k in (*OPENAI_SAMPLING, "stop", "stop_token_ids")}
+    names = {k: k for k in (*OPENAI_SAMPLING, "stop", "stop_token_ids")} | {"min_new_tokens": "min_tokens"}
     return kw, names, n
 
 
@@ -327,7 +329,7 @@ def generate_request(body: Any, cfg: GenerateConfig) -> Request:
 
 def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, dict, int, BodyConstraint | None]:
     f = Fields(raw, SGLANG_SAMPLING, prefix, "sampling_params")
-    for name in ("min_new_tokens", "stop_regex", "spaces_between_special_tokens", "no_stop_trim"):
+    for name in ("stop_regex", "spaces_between_special_tokens", "no_stop_trim"):
         f.harmless(name)
     kw: dict[str, Any] = {"temperature": _temperature(f),  # SGLang's default is sampling
                           "trim_stop_token": True}  # SGLang drops a stop token's text (`no_stop_trim` false)
@@ -340,6 +342,8 @@ def _sglang_sampling(raw: Any, prefix: str, cfg: GenerateConfig) -> tuple[dict, 
         kw["top_k"], names["top_k"] = (0 if top_k == -1 else top_k), "top_k"
     if f.has("sampling_seed"):
         kw["seed"] = f.integer("sampling_seed")
+    if f.has("min_new_tokens"):
+        kw["min_new_tokens"], names["min_new_tokens"] = f.integer("min_new_tokens", low=0), "min_new_tokens"
     for name in ("ignore_eos", "skip_special_tokens"):
         if f.has(name):
             kw[name], names[name] = f.boolean(name), name

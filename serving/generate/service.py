@@ -286,6 +286,10 @@ class Service:
         room = self.engine.max_model_len - n_prompt
         if params.max_new_tokens <= room:
             return params
+        if params.min_new_tokens > room:
+            raise bad(req.names[i].get("min_new_tokens", "min_new_tokens"),
+                      f"{n_prompt} prompt tokens + at least {params.min_new_tokens} new ones is over the model's "
+                      f"context of {self.engine.max_model_len} tokens (--generate-max-model-len)")
         given = req.max_tokens_set[i] if i < len(req.max_tokens_set) else None
         if given is not None:
             raise bad(given, f"{n_prompt} prompt tokens + {params.max_new_tokens} new ones is over the model's "

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import requests
 
-from generation import Engine, EngineConfig, lang
+from generation import Engine, EngineConfig, SamplingParams, lang
 from tests.serving.serving_support import GEN_ENGINE_FLAGS, REPO, ServerProcess
 
 SGL_PYTHON = REPO / ".sglvenv" / "bin" / "python"
@@ -133,6 +133,22 @@ def test_a_constraint_the_server_refuses_names_the_call(http):
     message = str(caught.value)
     assert "gen('tags') at test_lang_http.py:" in message and "answered 400" in message
     assert "uniqueItems" in message and "sampling_params.json_schema" in message
+
+
+def test_gen_min_tokens_holds_off_the_stop_on_both_backends(local, http):
+    """`gen(min_tokens=n)`: a stop token the model writes first would end the output empty; with n it comes no
+    sooner than token n + 1, in-process and over `/generate` alike."""
+    prompt = "the quick brown fox"
+    (free,) = local.engine.generate(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
+
+    @lang.function
+    def held(s, n):
+        s += prompt + lang.gen("x", max_tokens=6, min_tokens=n, stop_token_ids=[free.token_ids[0]], ignore_eos=True)
+
+    assert held.run(n=0, backend=local, temperature=0)["x"] == ""
+    at_home, remote = (held.run(n=3, backend=b, temperature=0) for b in (local, http))
+    assert at_home["x"] == remote["x"] != ""
+    assert remote.get_meta_info("x")["completion_tokens"] >= 3
 
 
 def test_fork_sends_the_prefix_once_with_max_new_tokens_zero(server, http):

@@ -1,5 +1,5 @@
 """Logits processors: bans, no-op processors, mixed batches, batching by class, state across preemption, failures,
-and `logit_bias`, the processor the engine adds itself."""
+`logit_bias` and `min_new_tokens`, the processors the engine adds itself."""
 
 from __future__ import annotations
 
@@ -286,3 +286,47 @@ def test_a_bias_on_a_token_outside_the_vocabulary_is_refused_before_anything_is_
         engine.generate(["hello", "world"], [SamplingParams(), params])
     assert engine.num_unfinished == 0 and not engine.scheduler.waiting
     engine.check_params(SamplingParams(logit_bias={0: -100, vocab - 1: 100}))
+
+
+# ---- min_new_tokens: SGLang's field (vLLM's min_tokens), a processor the engine adds ----------------------------
+
+
+def test_min_new_tokens_holds_off_eos_and_stop_tokens(engine):
+    """EOS forced by a bias from the first step: with min_new_tokens n the output is n other tokens, then EOS
+    (whatever the bias, the stopping tokens are masked until then); a stop token id is held off the same way."""
+    eos = min(engine.eos_ids)
+    forced = SamplingParams(max_new_tokens=20, logit_bias={eos: 100})
+    assert engine.generate([5, 6, 7], forced)[0].token_ids == [eos]
+    out = engine.generate([5, 6, 7], SamplingParams(**{**forced.__dict__, "min_new_tokens": 4}))[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 5 and out.token_ids[-1] == eos
+    assert eos not in out.token_ids[:4]
+    free = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    stop_id = free.token_ids[0]
+    held = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=6, ignore_eos=True, stop_token_ids=[stop_id],
+                                                     min_new_tokens=3))[0]
+    assert stop_id not in held.token_ids[:3] and len(held.token_ids) >= 4
+    assert not SamplingParams(min_new_tokens=2).plain_greedy and SamplingParams(min_new_tokens=0).plain_greedy
+    assert no_leak(engine)
+
+
+def test_min_new_tokens_skips_stop_strings_until_then(engine):
+    """A stop string the first token completes ends the output at once without min_new_tokens; with it, the
+    output runs past that token (the string is looked for only from the n-th token on, as SGLang and vLLM do)."""
+    outs = {p: engine.generate(p, SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+            for p in ("hello world", "the cat", "a radix tree")}
+    prompt, free = next((p, out) for p, out in outs.items() if engine.tokenizer.decode(out.token_ids[:1]).isalnum())
+    first = engine.tokenizer.decode(free.token_ids[:1])
+    assert free.text.count(first) == 1, "the first token's text must not come again in this output"
+    stop = SamplingParams(max_new_tokens=8, ignore_eos=True, stop=[first])
+    cut = engine.generate(prompt, stop)[0]
+    assert cut.finish_reason == "stop" and len(cut.token_ids) == 1 and cut.text == ""
+    held = engine.generate(prompt, SamplingParams(**{**stop.__dict__, "min_new_tokens": 3}))[0]
+    assert held.token_ids == free.token_ids and held.finish_reason == "length" and held.text == free.text
+
+
+@pytest.mark.parametrize("kw", [{"min_new_tokens": -1}, {"min_new_tokens": 1.5}, {"min_new_tokens": 9, "max_new_tokens": 8},
+                                {"min_new_tokens": 2, "constraint": {"regex": "[a-z]+"}}])
+def test_a_bad_min_new_tokens_is_refused_by_name(kw):
+    with pytest.raises(InvalidParam) as err:
+        SamplingParams(**kw)
+    assert err.value.field == "min_new_tokens"

@@ -66,7 +66,7 @@ GENERATE_CASES = [
     ({"input_ids": [[]]}, "input_ids"),
     ({"text": "a", "sampling_params": "greedy"}, "sampling_params"),
     ({"text": "a", "sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
-    ({"text": "a", "sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens"),
+    ({"text": "a", "sampling_params": {"min_new_tokens": 3, "max_new_tokens": 2}}, "sampling_params.min_new_tokens"),
     ({"text": "a", "sampling_params": {"max_new_tokens": 8001}}, "sampling_params.max_new_tokens"),
     ({"text": "a", "sampling_params": {"stop_regex": ["x+"]}}, "sampling_params.stop_regex"),
     ({"text": "a", "sampling_params": {"frobnicate": 1}}, "sampling_params.frobnicate"),

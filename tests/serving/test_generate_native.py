@@ -118,6 +118,23 @@ def test_sampling_params_logit_bias_as_sglang_takes_it(gen, gen_engine):
         assert r.status_code == 400 and r.json()["error"]["field"] == "sampling_params.logit_bias", (bias, r.text)
 
 
+def test_sampling_params_min_new_tokens_holds_off_the_stop(gen, gen_engine):
+    """SGLang's `min_new_tokens`: EOS forced by a bias comes only after that many tokens, as in-process; more than
+    `max_new_tokens`, or beside a constraint, is a 400 naming it."""
+    ids = gen_engine.tokenizer.encode("the quick brown fox")
+    eos = min(gen_engine.eos_ids)
+    (ref,) = gen_engine.generate([ids], SamplingParams(max_new_tokens=9, min_new_tokens=3, logit_bias={eos: 100},
+                                                       trim_stop_token=True))
+    assert len(ref.token_ids) == 4 and ref.token_ids[-1] == eos
+    sp = {"max_new_tokens": 9, "temperature": 0, "min_new_tokens": 3, "logit_bias": {str(eos): 100}}
+    r = post(gen, {"input_ids": ids, "sampling_params": sp}).json()
+    assert r["output_ids"] == ref.token_ids and r["text"] == ref.text and r["meta_info"]["finish_reason"]["type"] == "stop"
+    assert post(gen, {"input_ids": ids, "sampling_params": {**sp, "min_new_tokens": 0}}).json()["output_ids"] == [eos]
+    for bad in ({"min_new_tokens": 5, "max_new_tokens": 4}, {"min_new_tokens": -1}, {"min_new_tokens": 2, "regex": "a+"}):
+        r = post(gen, {"input_ids": ids, "sampling_params": bad})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "sampling_params.min_new_tokens", (bad, r.text)
+
+
 def test_max_new_tokens_zero_caches_the_prefix(gen):
     prefix = "a radix tree finds the longest cached prefix of every prompt and " * 2
     r = post(gen, {"text": prefix, "sampling_params": {"max_new_tokens": 0}}).json()

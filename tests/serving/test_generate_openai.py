@@ -272,3 +272,26 @@ def test_a_bad_logit_bias_is_a_400_naming_it(client, bias, needle):
         with pytest.raises(openai.BadRequestError) as err:
             create(model="tiny-llama", max_tokens=2, logit_bias=bias, **kw)
         assert err.value.body["param"] == "logit_bias" and needle in err.value.body["message"], err.value.body
+
+
+def test_min_tokens_holds_off_the_stop_as_vllm_takes_it(client, gen_engine):
+    """vLLM's `min_tokens` (sent through `extra_body`): EOS forced by a bias comes only after that many tokens, on
+    both routes, as in-process; over `max_tokens`, or beside `response_format`, is a 400 naming it."""
+    eos = min(gen_engine.eos_ids)
+    prompt = gen_engine.tokenizer.encode("the quick brown fox")
+    kw = dict(max_new_tokens=9, min_new_tokens=3, logit_bias={eos: 100}, trim_stop_token=True)
+    (ref,) = gen_engine.generate([prompt], SamplingParams(**kw))
+    _, ref_chat = engine_answer(gen_engine, CHAT, **kw)
+    assert len(ref.token_ids) == len(ref_chat.token_ids) == 4
+    extra = {"min_tokens": 3}
+    c = client.completions.create(model="tiny-llama", prompt=prompt, logit_bias={str(eos): 100}, temperature=0,
+                                  max_tokens=9, extra_body=extra)
+    assert c.choices[0].text == ref.text and c.choices[0].finish_reason == "stop" and c.usage.completion_tokens == 4
+    chat = client.chat.completions.create(model="tiny-llama", messages=CHAT, logit_bias={str(eos): 100},
+                                          temperature=0, max_tokens=9, extra_body=extra)
+    assert chat.choices[0].message.content == ref_chat.text and chat.usage.completion_tokens == 4
+    for body in ({"max_tokens": 2, "extra_body": {"min_tokens": 3}}, {"extra_body": {"min_tokens": -1}},
+                 {"extra_body": {"min_tokens": 2}, "response_format": {"type": "json_object"}}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny-llama", messages=CHAT, **body)
+        assert err.value.body["param"] == "min_tokens", (body, err.value.body)
