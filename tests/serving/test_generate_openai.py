@@ -295,3 +295,19 @@ def test_min_tokens_holds_off_the_stop_as_vllm_takes_it(client, gen_engine):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="tiny-llama", messages=CHAT, **body)
         assert err.value.body["param"] == "min_tokens", (body, err.value.body)
+
+
+def test_min_tokens_past_what_the_context_leaves_is_a_400(client, gen_engine):
+    """A chat without max_tokens gets the server's default budget, shrunk to what the context leaves; a min_tokens
+    the context cannot hold is refused by name rather than cut short (the model's context here: 1024)."""
+    long = [{"role": "user", "content": "fox " * 300}]
+    n_prompt = len(gen_engine.encode(gen_engine.apply_chat_template(long)))
+    room = gen_engine.max_model_len - n_prompt
+    assert 0 < room < 512  # the server's default (--generate-max-new-tokens 512) does not fit
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny-llama", messages=long, temperature=0,
+                                       extra_body={"min_tokens": room + 1})
+    assert err.value.body["param"] == "min_tokens" and "context" in err.value.body["message"]
+    r = client.chat.completions.create(model="tiny-llama", messages=long, temperature=0,
+                                       extra_body={"min_tokens": 2, "ignore_eos": True, "stop_token_ids": []})
+    assert r.usage.completion_tokens == room and r.choices[0].finish_reason == "length"
