@@ -124,6 +124,31 @@ def tight(gen_servers):
 
 
 @pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """Generation only, on a 2-layer random Llama with SmolLM2's own tokenizer and chat template: constrained
+    decoding and tool calls over HTTP, whose structure comes from the constraint (the weights are noise)."""
+    from tests.generation.test_constraints import build_tiny_smollm2
+
+    folder = build_tiny_smollm2(tmp_path_factory.mktemp("tiny-smollm2-http"))
+    proc = ServerProcess(tmp_path_factory.mktemp("smollm2-log") / "serve.log",
+                         ["--generate-only", "--generate-model", str(folder), "--generate-name", "tiny-smollm2",
+                          *GEN_ENGINE_FLAGS, "--generate-max-new-tokens", "512", "--generate-threads", "8",
+                          "--generate-max-tools", "4"])
+    server = proc.running()
+    server.folder = folder
+    yield server
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_server):
+    """The same model in-process, with the server's block size: the reference served answers must equal."""
+    from generation import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=str(smollm2_server.folder), block_size=4, num_blocks=512, num_threads=1))
+
+
+@pytest.fixture(scope="session")
 def student_folder(tmp_path_factory):
     """A linear student of the tiny BERT checkpoint (`STUDENT_TASK`), distilled by `pagoda distill` in seconds."""
     import subprocess

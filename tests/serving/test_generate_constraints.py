@@ -17,12 +17,12 @@ import jsonschema
 import openai
 import pytest
 import requests
-from serving_support import GEN_ENGINE_FLAGS, ServerProcess
+from serving_support import ServerProcess
 
 from generation import Engine, EngineConfig, SamplingParams
 from generation.constraints import processor_from_request
 from tests.generation.grammar_checks import is_arith
-from tests.generation.test_constraints import TEST_SCHEMAS, build_tiny_smollm2
+from tests.generation.test_constraints import TEST_SCHEMAS
 
 MODEL = "tiny-smollm2"
 CHAT = [{"role": "user", "content": "Give me the fields as JSON."}]
@@ -31,23 +31,13 @@ GBNF = 'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9] | "(" expr ")"'
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny-smollm2-http"))
+def server(smollm2_server):
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")
-def server(folder, tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("constraints-log") / "serve.log",
-                         ["--generate-only", "--generate-model", str(folder), "--generate-name", MODEL,
-                          *GEN_ENGINE_FLAGS, "--generate-max-new-tokens", "512", "--generate-threads", "8"])
-    yield proc.running()
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def engine(folder):
-    """The same model in-process, with the server's block size: the reference served answers must equal."""
-    return Engine(EngineConfig(model=str(folder), block_size=4, num_blocks=512, num_threads=1))
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")

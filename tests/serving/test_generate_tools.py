@@ -15,10 +15,8 @@ import openai
 import pydantic
 import pytest
 import requests
-from serving_support import GEN_ENGINE_FLAGS, ServerProcess
 
-from generation import Engine, EngineConfig, SamplingParams
-from tests.generation.test_constraints import build_tiny_smollm2
+from generation import SamplingParams
 
 MODEL = "tiny-smollm2"
 CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -35,27 +33,8 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny-smollm2-tools"))
-
-
-@pytest.fixture(scope="module")
-def server(folder, tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("tools-log") / "serve.log",
-                         ["--generate-only", "--generate-model", str(folder), "--generate-name", MODEL,
-                          *GEN_ENGINE_FLAGS, "--generate-max-new-tokens", "256", "--generate-max-tools", "4"])
-    yield proc.running()
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def engine(folder):
-    return Engine(EngineConfig(model=str(folder), block_size=4, num_blocks=512, num_threads=1))
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(smollm2_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smollm2_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def ask(client, **kw):
@@ -70,15 +49,15 @@ def refused(client, param: str, **kw) -> str:
     return exc.value.body["message"]
 
 
-def test_a_named_call_follows_its_schema_and_equals_the_engine(client, engine):
+def test_a_named_call_follows_its_schema_and_equals_the_engine(client, smollm2_engine):
     r = ask(client, tool_choice=NAMED)
     choice = r.choices[0]
     assert choice.message.content is None and choice.finish_reason == "stop"
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
-    ids = engine.encode(engine.apply_chat_template(CHAT, tools=TOOLS))
-    (ref,) = engine.generate([ids], SamplingParams(max_new_tokens=200, constraint={"json_schema": WEATHER}))
+    ids = smollm2_engine.encode(smollm2_engine.apply_chat_template(CHAT, tools=TOOLS))
+    (ref,) = smollm2_engine.generate([ids], SamplingParams(max_new_tokens=200, constraint={"json_schema": WEATHER}))
     assert call.function.arguments == ref.text
 
 
@@ -163,15 +142,15 @@ def test_tool_choice_none_answers_in_text(client):
     assert with_tools.choices[0].message.content == without.choices[0].message.content  # SmolLM2 shows no tools
 
 
-def test_an_agent_loop_renders_the_calls_and_the_tools_answer(client, engine):
+def test_an_agent_loop_renders_the_calls_and_the_tools_answer(client, smollm2_engine):
     call = ask(client, tool_choice=NAMED).choices[0].message.tool_calls[0]
     turns = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
              {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
     r = client.chat.completions.create(model=MODEL, messages=turns, temperature=0, max_tokens=5)
-    rendered = engine.apply_chat_template([*CHAT, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+    rendered = smollm2_engine.apply_chat_template([*CHAT, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
                                            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}])
     assert "<|im_start|>tool\n18 degrees, sunny<|im_end|>" in rendered
-    assert r.usage.prompt_tokens == len(engine.encode(rendered))
+    assert r.usage.prompt_tokens == len(smollm2_engine.encode(rendered))
 
 
 @pytest.mark.parametrize("kw, param", [
@@ -197,9 +176,9 @@ def test_bad_tools_are_refused_by_field(client, kw, param):
     refused(client, param, **kw)
 
 
-def test_messages_of_an_agent_loop_are_checked(server):
+def test_messages_of_an_agent_loop_are_checked(smollm2_server):
     def post(messages):
-        return requests.post(server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 2},
+        return requests.post(smollm2_server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 2},
                              timeout=60)
 
     call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
