@@ -336,9 +336,9 @@ class Engine:
     def _new_text(self, seq: Sequence) -> str:
         text = seq.text
         if seq.status is not Status.FINISHED:
-            hold = max((len(s) - 1 for s in seq.params.stop), default=0)
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte, and is no
+            hold = max((len(s) - 1 for s in seq.params.stop), default=0)  # character a stop string could start
             text = text[: max(0, len(text) - hold)]  # a text shorter than the hold shows nothing yet
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
         delta = text[seq.emitted_text_len :]
         seq.emitted_text_len = max(seq.emitted_text_len, len(text))
         return delta

@@ -118,6 +118,33 @@ def test_a_stream_never_shows_text_its_stop_string_cuts(engine):
     assert shown == out.text
 
 
+class Script(LogitsProcessor):
+    """Forces the output to be `ids`, one per step: text whose characters span several tokens."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        keep = logits[self.ids[len(output_ids)]].clone()
+        logits.fill_(float("-inf"))
+        logits[self.ids[len(output_ids)]] = keep
+
+
+def test_a_stream_holds_back_a_stop_string_behind_an_incomplete_character(engine):
+    """The hold for a stop string counts characters, and a trailing U+FFFD (a character whose bytes have not all
+    come) is not one yet. Held before it was stripped, "、アニュラグ" + the first byte of "ア" let "ニ" out, which
+    the answer then cut at the stop string "ニュラグア" (found on SmolLM2 with a Japanese prompt)."""
+    ids = engine.tokenizer.encode("、アニュラグア。")  # 3 byte-level tokens a character here
+    p = SamplingParams(max_new_tokens=len(ids), stop=["ニュラグア"], logits_processors=[Script(ids)])
+    out = engine.generate([5, 6, 7], p)[0]
+    assert out.finish_reason == "stop" and out.text == "、ア"
+    shown = ""
+    for event in engine.stream([5, 6, 7], p):
+        shown += event.text
+        assert out.text.startswith(shown), shown
+    assert shown == out.text
+
+
 def test_abandoned_stream_releases_its_blocks(engine):
     stream = engine.stream(["hello world", "a radix tree"], SamplingParams(max_new_tokens=50, ignore_eos=True))
     next(stream)
