@@ -42,6 +42,18 @@ class BodyConstraint:
         """The body field at `path` inside the spec (`.properties.tags`; empty for the spec itself)."""
         return self.field + path
 
+    def field_of(self, engine_field: str) -> str:
+        """The body field behind an engine error inside this constraint: `constraint.json_schema.properties.tags`
+        of a `response_format` schema is `response_format.json_schema.schema.properties.tags`."""
+        rest = engine_field.removeprefix("constraint.")
+        if rest.startswith((self.kind + ".", self.kind + "[")):
+            return self.body_field(rest[len(self.kind):])
+        return self.field
+
+    def parts(self) -> list[BodyConstraint]:
+        """Pieces to compile alone first, so an error in one names its own field (none: the whole is one)."""
+        return []
+
 
 class Fields:
     """A JSON object being read: each getter checks one field's JSON type and names it on failure."""

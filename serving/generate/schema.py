@@ -184,6 +184,8 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     tools = parse_tools(f, cfg)
     constraint = _openai_constraint(f)
     if tools is not None and tools.calls_forced:
+        if kw["stop"]:
+            raise bad("stop", "a forced call ends where its JSON does: a stop string would cut its arguments")
         if constraint is not None:
             raise bad("tool_choice", f"a forced call is held to its tool's parameters: give {constraint.field.split('.')[0]} "
                                      "or a forced tool_choice, not both")
@@ -193,8 +195,14 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
                    max_tokens_set=[given])
 
 
+# What the SDK's own answers carry besides the message (a refusal, annotations, `parse`'s parsed value, the stream
+# accumulator's call index): an agent sends the message back as it got it, so these are taken and not used.
+ANSWER_ONLY = {"refusal", "annotations", "audio", "parsed"}
+
+
 def _message(message: Any, i: int) -> dict[str, Any]:
-    f = Fields(message, {"role", "content", "name", "tool_calls", "tool_call_id"}, f"messages[{i}].", "a message")
+    f = Fields(message, {"role", "content", "name", "tool_calls", "tool_call_id", *ANSWER_ONLY}, f"messages[{i}].",
+               "a message")
     role = f.raw("role")
     if not isinstance(role, str) or role not in ROLES:  # a dict or list is unhashable: test the type first
         raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
@@ -228,10 +236,11 @@ def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
         raise bad(where, "must be a non-empty list of tool calls")
     calls = []
     for j, item in enumerate(value):
-        call = Fields(item, {"id", "type", "function"}, f"{where}[{j}].", "a tool call")
+        call = Fields(item, {"id", "type", "function", "index"}, f"{where}[{j}].", "a tool call")
         if not isinstance(call.raw("id"), str) or call.raw("type") != "function":
             raise bad(f"{where}[{j}]", "needs an id (a string) and type \"function\"")
-        fn = Fields(call.raw("function"), {"name", "arguments"}, f"{where}[{j}].function.", "a function call")
+        fn = Fields(call.raw("function"), {"name", "arguments", "parsed_arguments"}, f"{where}[{j}].function.",
+                    "a function call")
         if not isinstance(fn.raw("name"), str) or not isinstance(fn.raw("arguments"), str):
             raise bad(f"{where}[{j}].function", "needs a name and arguments, both strings")
         calls.append({"id": call.raw("id"), "type": "function",

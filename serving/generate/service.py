@@ -32,13 +32,11 @@ SETTLE_S = 0.5  # how long a request ended by one choice's deadline waits for it
 
 
 def body_field(req: Request, field: str, default: str | None = None, prompt: int = 0) -> str:
-    """The body field behind an engine `InvalidParam.field`. A constraint's own path continues the body
-    field it came from: `constraint.json_schema.properties.tags` of a `response_format` schema is
-    `response_format.json_schema.schema.properties.tags`."""
+    """The body field behind an engine `InvalidParam.field`; a constraint's own path continues the body
+    field it came from (`BodyConstraint.field_of`)."""
     c = req.constraint
     if c is not None and (field == "constraint" or field.startswith("constraint.")):
-        rest = field.removeprefix("constraint.")
-        return c.body_field(rest[len(c.kind):]) if rest.startswith((c.kind + ".", c.kind + "[")) else c.field
+        return c.field_of(field)
     return req.names[prompt].get(field, default or field)
 
 
@@ -303,6 +301,11 @@ class Service:
         kw = dict(req.sampling[i])
         if req.constraint is not None:
             kw["constraint"] = req.constraint.params
+            for part in req.constraint.parts():  # compiled and cached, so the whole's compile reuses nothing new
+                try:
+                    self.engine.check_request([0], SamplingParams(max_new_tokens=1, constraint=part.params))
+                except InvalidParam as exc:
+                    raise bad(part.field_of(exc.field), exc.reason) from None
         try:
             params = SamplingParams(**kw)
             self.engine.check_params(params)

@@ -19,12 +19,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from generation.constraints import Constraint, ConstraintError
 from serving.generate.body import BodyConstraint, Fields, bad
 from serving.generate.config import GenerateConfig
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function name
-NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: a function without `parameters` takes none
+# OpenAI: a function without `parameters` takes none, so its arguments are exactly {}
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 CHOICES = ("none", "auto", "required")
 
 
@@ -40,12 +40,16 @@ class Tool:
 
 
 class RequiredConstraint(BodyConstraint):
-    """`tool_choice: "required"`'s list of calls. An engine error inside tool i's parameters names that
-    tool's field; each tool's schema was checked alone first, so what is left is the whole list's."""
+    """`tool_choice: "required"`'s list of calls. Each tool's schema is compiled alone first (`parts`), so an
+    error in one names that tool's field and its own paths, and a tool no output can satisfy is refused rather
+    than silently never called; what is left is the whole list's."""
 
-    def body_field(self, path: str) -> str:
-        m = re.match(r"\.items\.anyOf\[(\d+)\]\.properties\.parameters(.*)", path)
-        return f"tools[{m.group(1)}].function.parameters{m.group(2)}" if m else self.field
+    def __init__(self, spec: dict[str, Any], tools: list[Tool]) -> None:
+        super().__init__("json_schema", spec, "tools")
+        self.tools = tools
+
+    def parts(self) -> list[BodyConstraint]:
+        return [BodyConstraint("json_schema", t.parameters, t.field) for t in self.tools]
 
 
 @dataclass
@@ -68,8 +72,6 @@ class ToolCalling:
             return BodyConstraint("json_schema", self.forced.parameters, self.forced.field)
         if not self.required:
             return None
-        for tool in self.tools:
-            _check_schema(tool)
         defs: dict[str, Any] = {}
         call = [{"type": "object", "properties": {"name": {"const": t.name}, "parameters": _hoisted(t, defs)},
                  "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
@@ -78,7 +80,7 @@ class ToolCalling:
             schema["maxItems"] = 1
         if defs:
             schema["$defs"] = defs
-        return RequiredConstraint("json_schema", schema, "tools")
+        return RequiredConstraint(schema, self.tools)
 
     def calls(self, text: str) -> list[dict[str, Any]] | None:
         """The output as OpenAI `tool_calls`; None when it does not parse (a length cut, a failed choice)."""
@@ -94,15 +96,6 @@ class ToolCalling:
 def tool_call(name: str, arguments: str) -> dict[str, Any]:
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": arguments}}
-
-
-def _check_schema(tool: Tool) -> None:
-    """Refuse a schema keyword that would not be enforced, naming the tool's own field (inside the list
-    of calls its path would read `items.anyOf[...]`)."""
-    try:
-        Constraint.from_spec({"json_schema": tool.parameters})
-    except ConstraintError as exc:
-        raise bad(tool.field + exc.where.removeprefix("json_schema"), exc.detail) from None
 
 
 def _hoisted(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +169,9 @@ def _tool(value: Any, i: int) -> Tool:
     if fn.has("description") and not isinstance(fn.raw("description"), str):
         raise bad(f"{where}.function.description", "must be a string")
     fn.boolean("strict")  # the arguments of a forced call always follow the schema, strict or not
-    parameters = fn.raw("parameters", NO_PARAMETERS)
+    parameters = fn.raw("parameters", NO_PARAMETERS) or NO_PARAMETERS  # {} takes none, as no parameters do
     if not isinstance(parameters, dict):
         raise bad(f"{where}.function.parameters", "must be a JSON schema object")
+    if parameters.get("type", "object") != "object":  # arguments are a JSON object, whatever the schema
+        raise bad(f"{where}.function.parameters.type", f"must be \"object\", got {parameters['type']!r}")
     return Tool(name, parameters, i)

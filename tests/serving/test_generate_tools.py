@@ -194,3 +194,57 @@ def test_messages_of_an_agent_loop_are_checked(smollm2_server):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (messages, r.text)
     assert post([*CHAT, {"role": "assistant", "content": None, "tool_calls": [call]},
                  {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]).status_code == 200
+
+
+def test_an_agent_loop_takes_back_the_message_parse_and_stream_returned(client):
+    """`parse` adds `parsed_arguments`, the stream helper an `index`, OpenAI's answers `annotations`: the message an
+    agent appends as it got it is taken (these are answers, not instructions) and renders as the plain one."""
+    tools = [openai.pydantic_function_tool(Weather)]
+    named = {"type": "function", "function": {"name": "Weather"}}
+    parsed = client.chat.completions.parse(model=MODEL, messages=CHAT, temperature=0, max_tokens=200, tools=tools,
+                                           tool_choice=named).choices[0].message
+    with client.chat.completions.stream(model=MODEL, messages=CHAT, temperature=0, max_tokens=200, tools=tools,
+                                        tool_choice=named) as stream:
+        streamed = stream.get_final_completion().choices[0].message
+    usage = []
+    for message in (parsed, streamed, {**parsed.model_dump(exclude_none=True), "annotations": []}):
+        call_id = message["tool_calls"][0]["id"] if isinstance(message, dict) else message.tool_calls[0].id
+        turns = [*CHAT, message, {"role": "tool", "tool_call_id": call_id, "content": "18 degrees"}]
+        usage.append(client.chat.completions.create(model=MODEL, messages=turns, temperature=0, max_tokens=2)
+                     .usage.prompt_tokens)
+    assert len(set(usage)) == 1
+
+
+def test_a_function_without_parameters_is_called_with_an_empty_object(client):
+    """OpenAI: "omitting parameters defines a function with an empty parameter list". An open object let the
+    model invent arguments until max_tokens (found by the probe); `{}` as parameters means the same."""
+    for function in ({"name": "now"}, {"name": "now", "parameters": {}}):
+        r = ask(client, tools=[{"type": "function", "function": function}], tool_choice="required",
+                parallel_tool_calls=False, max_tokens=60)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "now" and json.loads(call.function.arguments) == {}
+        r = ask(client, tools=[{"type": "function", "function": function}],
+                tool_choice={"type": "function", "function": {"name": "now"}}, max_tokens=60)
+        assert r.choices[0].message.tool_calls[0].function.arguments == "{}"
+
+
+def test_each_tools_schema_is_compiled_alone_so_its_error_names_it(client):
+    """Under "required" an error the grammar engine finds (a $ref to nothing, a schema no output satisfies) names
+    the tool and its own paths, as a named call does; an unsatisfiable tool was silently never called."""
+    broken = {"type": "function", "function": {"name": "b", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/Nope"}}, "required": ["p"]}}}
+    never = {"type": "function", "function": {"name": "n", "parameters": {
+        "type": "object", "properties": {"xs": {"type": "array", "minItems": 3, "maxItems": 1}}, "required": ["xs"]}}}
+    for tool in (broken, never):
+        message = refused(client, "tools[1].function.parameters", tools=[TOOLS[0], tool], tool_choice="required")
+        assert "tool1" not in message
+
+
+@pytest.mark.parametrize("kw, param", [
+    ({"tool_choice": NAMED, "stop": [","]}, "stop"),  # a stop string cut a forced call's JSON with finish "stop"
+    ({"tool_choice": "required", "stop": "]"}, "stop"),
+    ({"tool_choice": NAMED, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "string"}}}]}, "tools[0].function.parameters.type"),
+])
+def test_what_would_break_a_forced_call_is_refused(client, kw, param):
+    refused(client, param, **kw)
