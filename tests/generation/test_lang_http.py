@@ -27,6 +27,7 @@ def program(s, question, choices):
     with s.assistant():
         s += "Answer: " + sgl.gen("answer", max_tokens=6, stop="\\n")
     s += "\\nCode: " + sgl.gen("code", max_tokens=8, regex=r"[0-9]{2}-[a-z]{2}")
+    s += "\\nMore: " + sgl.gen("more", max_tokens=6, min_tokens=3, stop=" ")
     forks = s.fork(3)
     for i, f in enumerate(forks):
         f += "\\nIdea " + str(i) + ": " + sgl.gen("idea", max_tokens=5)
@@ -37,7 +38,7 @@ def program(s, question, choices):
 
 def outcome(state):
     return {"text": state.text(), "messages": state.messages(),
-            **{k: state[k] for k in ("answer", "code", "idea", "pick", "animal")},
+            **{k: state[k] for k in ("answer", "code", "more", "idea", "pick", "animal")},
             "normalized": state.get_meta_info("pick")["normalized_prompt_logprobs"]}
 '''
 
