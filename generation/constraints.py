@@ -49,9 +49,9 @@ SCHEMA_ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
     "writeOnly",
 })
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> subschema
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # [subschema, ...]
-_SCHEMA_ONE = ("items", "additionalProperties")  # a subschema (or a boolean)
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> subschema
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # [subschema, ...]
+SCHEMA_ONE = ("items", "additionalProperties")  # a subschema (or a boolean)
 
 
 class ConstraintError(ValueError):
@@ -157,17 +157,17 @@ def _check_keywords(schema: Any, path: str) -> None:
             continue
         if key not in SCHEMA_KEYWORDS and key not in SCHEMA_ANNOTATIONS:
             raise ConstraintError(path, f"unsupported keyword {key!r} (it would not be enforced)")
-        if key in _SCHEMA_MAPS:
+        if key in SCHEMA_MAPS:
             if not isinstance(sub, dict):
                 raise ConstraintError(f"{path}.{key}", "must be an object of schemas")
             for name, child in sub.items():
                 _check_keywords(child, f"{path}.{key}.{name}")
-        elif key in _SCHEMA_LISTS:
+        elif key in SCHEMA_LISTS:
             if not isinstance(sub, list):
                 raise ConstraintError(f"{path}.{key}", "must be a list of schemas")
             for i, child in enumerate(sub):
                 _check_keywords(child, f"{path}.{key}[{i}]")
-        elif key in _SCHEMA_ONE:
+        elif key in SCHEMA_ONE:
             _check_keywords(sub, f"{path}.{key}")
 
 

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from generation.constraints import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE
 from serving.generate.body import BodyConstraint, Fields, bad
 from serving.generate.config import GenerateConfig
 
@@ -106,11 +107,21 @@ def _hoisted(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
         return tool.parameters
     key = f"tool{tool.index}"
 
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: (f"#/$defs/{key}{v[1:]}" if k == "$ref" and isinstance(v, str) and v.startswith("#") else
-                        rewrite(v)) for k, v in node.items()}
-        return [rewrite(v) for v in node] if isinstance(node, list) else node
+    def rewrite(schema: Any) -> Any:
+        """Only where a schema stands: a `$ref` key inside `const`, `enum` or `default` is data, kept as given."""
+        if not isinstance(schema, dict):
+            return schema
+        out = dict(schema)
+        for k, v in schema.items():
+            if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+                out[k] = f"#/$defs/{key}{v[1:]}"
+            elif k in SCHEMA_MAPS and isinstance(v, dict):
+                out[k] = {name: rewrite(child) for name, child in v.items()}
+            elif k in SCHEMA_LISTS and isinstance(v, list):
+                out[k] = [rewrite(child) for child in v]
+            elif k in SCHEMA_ONE:
+                out[k] = rewrite(v)
+        return out
 
     defs[key] = rewrite(tool.parameters)
     return {"$ref": f"#/$defs/{key}"}
@@ -169,9 +180,13 @@ def _tool(value: Any, i: int) -> Tool:
     if fn.has("description") and not isinstance(fn.raw("description"), str):
         raise bad(f"{where}.function.description", "must be a string")
     fn.boolean("strict")  # the arguments of a forced call always follow the schema, strict or not
-    parameters = fn.raw("parameters", NO_PARAMETERS) or NO_PARAMETERS  # {} takes none, as no parameters do
+    parameters = fn.raw("parameters", NO_PARAMETERS)
     if not isinstance(parameters, dict):
         raise bad(f"{where}.function.parameters", "must be a JSON schema object")
-    if parameters.get("type", "object") != "object":  # arguments are a JSON object, whatever the schema
+    if not parameters:  # {} takes none, as no parameters do
+        parameters = NO_PARAMETERS
+    if "type" not in parameters and "$ref" not in parameters:  # arguments are a JSON object: a schema of
+        parameters = {**parameters, "type": "object"}  # properties alone would also take a string or a number
+    if parameters.get("type", "object") != "object":
         raise bad(f"{where}.function.parameters.type", f"must be \"object\", got {parameters['type']!r}")
     return Tool(name, parameters, i)

@@ -248,3 +248,33 @@ def test_each_tools_schema_is_compiled_alone_so_its_error_names_it(client):
 ])
 def test_what_would_break_a_forced_call_is_refused(client, kw, param):
     refused(client, param, **kw)
+
+
+def test_arguments_are_an_object_even_where_the_schema_gives_no_type(client):
+    """A schema of properties alone also takes a string under JSON Schema: a forced call answered one (found by the
+    second probe). A root without `type` is read as an object, as OpenAI's function parameters are."""
+    tool = {"type": "function", "function": {"name": "now", "parameters": {
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a"],
+        "additionalProperties": False}}}
+    for choice in ({"type": "function", "function": {"name": "now"}}, "required"):
+        r = ask(client, tools=[tool], tool_choice=choice, parallel_tool_calls=False, max_tokens=60)
+        arguments = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+        assert isinstance(arguments, dict) and isinstance(arguments["a"], int)
+
+
+def test_a_ref_inside_data_is_not_rewritten_under_required(client):
+    """Under "required" a tool's own `$ref`s are moved under its `$defs` entry; one that is data (inside `const`)
+    stays as the tool wrote it (it became "#/$defs/tool0/keep", found by the second probe)."""
+    tool = {"type": "function", "function": {"name": "c", "parameters": {
+        "type": "object", "properties": {"x": {"const": {"$ref": "#/keep"}}, "y": {"$ref": "#/$defs/Y"}},
+        "required": ["x", "y"], "additionalProperties": False,
+        "$defs": {"Y": {"type": "integer", "minimum": 0, "maximum": 9}}}}}
+    r = ask(client, tools=[tool], tool_choice="required", parallel_tool_calls=False, max_tokens=60)
+    arguments = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+    assert arguments["x"] == {"$ref": "#/keep"} and 0 <= arguments["y"] <= 9
+
+
+@pytest.mark.parametrize("parameters", [[], False, 0, "", [1], "x"])
+def test_parameters_that_are_not_a_schema_object_are_refused(client, parameters):
+    refused(client, "tools[0].function.parameters", tool_choice=NAMED,
+            tools=[{"type": "function", "function": {"name": "get_weather", "parameters": parameters}}])
