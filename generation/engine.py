@@ -196,8 +196,9 @@ class Engine:
         kept = self._pin(pin) if pin is not None else None
         seq = Sequence(prompt_ids=kept.tokens + ids if kept else ids, params=params, request_id=request_id,
                        index=index, pin=kept, pin_result=pin_result)
-        # ahead of the request's own processors: the bias edits the raw logits (OpenAI's meaning), then the
-        # grammar masks them, a masked token staying -inf whatever its bias. The grammar comes first among
+        # ahead of the request's own processors: the bias edits the raw logits (OpenAI's meaning) and
+        # min_new_tokens masks the stopping tokens (never beside a grammar, which SamplingParams refuses), then
+        # the grammar masks them, a masked token staying -inf whatever its bias. The grammar comes first among
         # the rest, so constrained rows share one bitmask call per step, whatever custom processors follow
         # (a processor that re-opens a masked token fails its own request); a step mixing biased and unbiased
         # constrained rows makes two such calls, one per list position.

@@ -121,12 +121,11 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
 
     tools = req.tools if req.tools is not None and req.tools.calls_forced else None
     forced = tools.forced if tools is not None else None
-    held = [""] * run.n_choices  # "required": the list of calls is read whole, at the choice's end
+    listed = tools is not None and forced is None  # "required": the list of calls is read whole, at its end
+    held = [""] * run.n_choices
 
     def delta(text: str) -> dict:
-        if tools is None:
-            return {"content": text}
-        return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if forced else {}
+        return {"content": text} if forced is None else {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
     try:
         for i in range(run.n_choices):
@@ -139,14 +138,17 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
             for i, ev in events:
                 if isinstance(ev, TokenEvent):
                     lp = {"content": [chat_logprob(service, ev.logprob)]} if req.logprobs is not None and ev.logprob else None
-                    held[i] += ev.text
-                    if ev.text and (tools is None or forced) or lp:
+                    if listed:
+                        held[i] += ev.text
+                        if lp:
+                            yield chunk(i, {}, lp)
+                    elif ev.text or lp:
                         yield chunk(i, delta(ev.text) if ev.text else {}, lp)
                     continue
                 fail = failure(ev)
                 if fail is not None:
                     raise fail
-                if tools is not None and forced is None:
+                if listed:
                     calls = tools.calls(held[i])
                     yield chunk(i, {"content": held[i]} if calls is None else
                                 {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
