@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from generation.config import LOGIT_BIAS_RANGE
 from serving.generate.config import GenerateConfig
+from serving.generate.responses import FIELDS as RESPONSES_FIELDS
+from serving.generate.responses import LOGPROBS
 from serving.generate.schema import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -25,15 +27,19 @@ ERRORS = {"400": "invalid field (error.param / error.field names it), or malform
           "507": "the KV pool cannot hold the pin"}
 
 
+DONE_LAST = "SSE events, then data: [DONE]"
+
+
 def _errors(schema: str, *codes: str) -> dict:
     return {c: {"description": ERRORS[c], **json_content(ref(schema))} for c in codes}
 
 
 def _route(method: str, summary: str, response: dict, error: str, codes: tuple[str, ...], request: str | None = None,
-           stream: bool = False) -> dict:
+           stream: str = "") -> dict:
+    """`stream`: how the route's SSE stream reads, when it has one."""
     content = dict(json_content(response)["content"])
     if stream:
-        content["text/event-stream"] = {"schema": {"type": "string", "description": "SSE events, then data: [DONE]"}}
+        content["text/event-stream"] = {"schema": {"type": "string", "description": stream}}
     op = {"summary": summary, "responses": {"200": {"description": "ok", "content": content},
                                             **_errors(error, *codes)}}
     if request:
@@ -124,6 +130,52 @@ def openapi(cfg: GenerateConfig) -> dict:
                                           "type": "object", "required": ["index", "text", "finish_reason"],
                                           "properties": {"index": integer, "text": string, "finish_reason": finish,
                                                          "logprobs": {"type": ["object", "null"]}}}}}},
+        "ResponsesRequest": _request("responses", {
+            **{k: v for k, v in sampling.items() if k not in ("n", "stream_options", "response_format",
+                                                               "structured_outputs", "include_stop_str_in_output")},
+            "input": {"oneOf": [string, {"type": "array", "minItems": 1, "items": {"type": "object", "properties": {
+                "type": {"enum": ["message", "function_call", "function_call_output"]}}}}],
+                "description": "a string (one user message) or items: messages (role, content as a string or "
+                               "input_text/output_text parts), function_call and function_call_output"},
+            "instructions": {"type": "string", "description": "the system message"},
+            "max_output_tokens": {**max_tokens, "minimum": 1},
+            "text": {"type": "object", "properties": {"format": {"type": "object", "properties": {
+                "type": {"enum": ["text", "json_object", "json_schema"]}, "name": string,
+                "schema": {"type": "object"}, "strict": boolean, "description": string}},
+                "verbosity": {"enum": ["medium"]}}, "description": "format json_schema or json_object: "
+                                                                  "constrained decoding"},
+            "tools": {"type": "array", "minItems": 1, "maxItems": cfg.max_tools, "items": {
+                "type": "object", "required": ["type", "name"], "properties": {
+                    "type": {"enum": ["function"]}, "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                    "description": string, "parameters": {"type": "object"}, "strict": boolean}}},
+            "tool_choice": {"oneOf": [{"enum": ["none", "required"]}, {"type": "object", "properties": {
+                "type": {"enum": ["function"]}, "name": string}}],
+                "description": "as chat's: a forced call is constrained decoding, \"auto\" is refused"},
+            "parallel_tool_calls": boolean,
+            "include": {"type": "array", "items": {"enum": [LOGPROBS]}},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "store": {"type": "boolean", "description": "taken; nothing is stored, and answers say store: false"},
+            "previous_response_id": {"type": "null", "description": "refused: nothing is stored, so send the "
+                                                                   "conversation in input"},
+            "background": {"enum": [False]}, "reasoning": {"type": "null"}, "truncation": {"enum": ["disabled"]},
+            "service_tier": {"enum": ["auto", "default"]},
+            "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"},
+                         "description": "echoed in the answer"},
+            "safety_identifier": string, "prompt_cache_key": {"type": "string", "description": "accepted; the "
+                                                                                                 "prefix cache needs no key"},
+            "stream_options": {"type": "object", "properties": {"include_obfuscation": boolean}}},
+            RESPONSES_FIELDS, ["input"]),
+        "Response": {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
+                     "properties": {"id": string, "object": {"enum": ["response"]}, "created_at": integer,
+                                    "status": {"enum": ["completed", "incomplete"]}, "model": string,
+                                    "incomplete_details": {"type": ["object", "null"]},
+                                    "output": {"type": "array", "items": {"type": "object", "required": ["type", "id"],
+                                                                          "properties": {"type": {"enum": [
+                                                                              "message", "function_call"]}}}},
+                                    "usage": {"type": "object", "required": ["input_tokens", "output_tokens",
+                                                                             "total_tokens"],
+                                              "properties": {"input_tokens": integer, "output_tokens": integer,
+                                                             "total_tokens": integer}}}},
         "GenerateRequest": _request("generate", {
             "text": {"oneOf": [string, {"type": "array", "items": string, "maxItems": cfg.max_prompts}]},
             "input_ids": {"oneOf": [ids, {"type": "array", "items": ids, "maxItems": cfg.max_prompts}]},
@@ -159,9 +211,13 @@ def openapi(cfg: GenerateConfig) -> dict:
     sg = ("400", "401", "405", "413", "500", "503", "504")
     paths = {
         "/v1/chat/completions": _route("post", "OpenAI chat completion (stream: SSE chunks)", ref("ChatCompletion"),
-                                       "OpenAIError", v1, "ChatCompletionRequest", stream=True),
+                                       "OpenAIError", v1, "ChatCompletionRequest", stream=DONE_LAST),
         "/v1/completions": _route("post", "OpenAI completion (stream: SSE chunks)", ref("Completion"), "OpenAIError", v1,
-                                  "CompletionRequest", stream=True),
+                                  "CompletionRequest", stream=DONE_LAST),
+        "/v1/responses": _route("post", "OpenAI Responses API, stateless (stream: typed events)", ref("Response"),
+                                "OpenAIError", v1, "ResponsesRequest",
+                                stream="SSE events, each with its event: line, from response.created to "
+                                       "response.completed, response.incomplete or response.failed; no [DONE]"),
         "/v1/pins": {**_route("post", "pin a prefix (text, messages or token ids): its KV stays resident; prompts "
                                       "that extend it hit it fully", ref("Pin"), "OpenAIError",
                               ("400", "401", "405", "413", "503", "504", "507"), "PinRequest"),
@@ -172,7 +228,7 @@ def openapi(cfg: GenerateConfig) -> dict:
                               **_route("delete", "release a pin", ref("PinDeleted"), "OpenAIError",
                                        ("401", "404", "503"))},
         "/generate": _route("post", "SGLang native generation (a list for a batch or n > 1; stream: SSE)",
-                            ref("GenerateResponse"), "Error", sg, "GenerateRequest", stream=True),
+                            ref("GenerateResponse"), "Error", sg, "GenerateRequest", stream=DONE_LAST),
         "/get_model_info": _route("get", "SGLang model info", ref("ModelInfo"), "Error", ("401",)),
         "/server_info": _route("get", "engine settings and live counters", ref("Object"), "Error", ("401", "503")),
         "/flush_cache": _route("post", "drop the prefix cache's unused blocks (pins stay)", ref("Object"), "Error",

@@ -1,6 +1,6 @@
 """`GenerateApi`: the generation API as the app factory mounts it, its routes and what it adds to the server.
 
-OpenAI (`/v1/chat/completions`, `/v1/completions`), SGLang's native routes (`/generate`,
+OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`), SGLang's native routes (`/generate`,
 `/get_model_info`, `/server_info`, `/flush_cache`, `/health_generate`) and pins (`/v1/pins`). Views stay
 plain Flask: read the body, let `schema` check it, let `service` submit it, let a dialect write the answer
 or the stream. Errors on `/v1/*` take OpenAI's shape (`openai.error_dialect`); SGLang's routes keep the
@@ -16,7 +16,7 @@ from flask import Blueprint, g, request
 from prometheus_client import CollectorRegistry
 
 from serving.errors import parse_json
-from serving.generate import openai, sglang
+from serving.generate import openai, responses, sglang
 from serving.generate.config import GenerateConfig
 from serving.generate.openapi import openapi
 from serving.generate.schema import chat_request, completion_request, generate_request, pin_request
@@ -39,6 +39,7 @@ class GenerateApi:
         self.blueprint = Blueprint("generate", __name__)
         for rule, view, methods in (
             ("/v1/chat/completions", self.chat, ["POST"]), ("/v1/completions", self.completions, ["POST"]),
+            ("/v1/responses", self.responses, ["POST"]),
             ("/v1/pins", self.create_pin, ["POST"]), ("/v1/pins", self.list_pins, ["GET"]),
             ("/v1/pins/<pin_id>", self.delete_pin, ["DELETE"]),
             ("/generate", self.generate, ["POST"]), ("/get_model_info", self.model_info, ["GET"]),
@@ -91,6 +92,13 @@ class GenerateApi:
         req = parse(self._body(), self.cfg)
         run = self.service.start(req, g.t0)
         return event_stream(stream(run, self.service, g.request_id), run) if req.stream else answer(run, self.service)
+
+    def responses(self) -> Any:
+        req, echo = responses.responses_request(self._body(), self.cfg)
+        run = self.service.start(req, g.t0)
+        if req.stream:
+            return event_stream(responses.stream(run, self.service, echo, g.request_id), run)
+        return responses.answer(run, self.service, echo)
 
     # Pins.
 

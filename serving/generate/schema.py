@@ -97,7 +97,7 @@ def _temperature(f: Fields) -> float:
     return 0.0 if 0 <= temperature < GREEDY_BELOW else temperature
 
 
-def _openai_sampling(f: Fields, cfg: GenerateConfig) -> tuple[dict[str, Any], dict[str, str], int]:
+def openai_sampling(f: Fields, cfg: GenerateConfig) -> tuple[dict[str, Any], dict[str, str], int]:
     kw: dict[str, Any] = {"temperature": _temperature(f),  # OpenAI's default is sampling
                           "trim_stop_token": True}  # vLLM leaves the stopping token's text out (EOS, stop_token_ids)
     f.harmless("include_stop_str_in_output")  # vLLM's way to keep it, and a matched stop string, in the text
@@ -168,7 +168,7 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")
     turns = [_message(m, i) for i, m in enumerate(messages)]
-    kw, names, n = _openai_sampling(f, cfg)
+    kw, names, n = openai_sampling(f, cfg)
     kw["max_new_tokens"], given = parse_max_tokens(
         f, ("max_completion_tokens", "max_tokens"), cfg.max_new_tokens, cfg, low=1)
     names["max_new_tokens"] = given or "max_tokens"
@@ -253,7 +253,7 @@ def completion_request(body: Any, cfg: GenerateConfig) -> Request:
     if not f.has("prompt"):
         raise bad("prompt", "is required: a string, a list of strings, token ids or lists of token ids")
     prompts, where, batch = _prompt_list(f.raw("prompt"), "prompt", cfg)
-    kw, names, n = _openai_sampling(f, cfg)
+    kw, names, n = openai_sampling(f, cfg)
     kw["max_new_tokens"], given = parse_max_tokens(
         f, ("max_tokens",), OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS, cfg, low=0)
     names["max_new_tokens"] = "max_tokens"

@@ -18,8 +18,10 @@ DONE = "data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def sse(payload: dict[str, Any], event: str | None = None) -> str:
+    """One event; `event` names it on its own line (the Responses API's typed events), which SSE readers route by."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def event_stream(events: Iterator[str], run: Any) -> Response:

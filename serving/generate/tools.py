@@ -33,11 +33,12 @@ CHOICES = ("none", "auto", "required")
 class Tool:
     name: str
     parameters: dict[str, Any]
-    index: int  # its place in `tools`, for naming a field
+    index: int  # its place in `tools`
+    where: str  # the body field of its function: `tools[i].function` (chat) or `tools[i]` (Responses)
 
     @property
     def field(self) -> str:
-        return f"tools[{self.index}].function.parameters"
+        return f"{self.where}.parameters"
 
 
 class RequiredConstraint(BodyConstraint):
@@ -127,8 +128,10 @@ def _hoisted(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
     return {"$ref": f"#/$defs/{key}"}
 
 
-def parse_tools(f: Fields, cfg: GenerateConfig) -> ToolCalling | None:
-    """The body's `tools`, `tool_choice` and `parallel_tool_calls`, each error naming its field."""
+def parse_tools(f: Fields, cfg: GenerateConfig, flat: bool = False) -> ToolCalling | None:
+    """The body's `tools`, `tool_choice` and `parallel_tool_calls`, each error naming its field. `flat`: the
+    Responses API's spelling, where a tool's name and parameters sit beside its `type` (chat nests them under
+    `function`), and so does a named `tool_choice`'s name."""
     choice = f.raw("tool_choice")
     if not f.has("tools"):
         if choice not in (None, "none"):
@@ -141,11 +144,13 @@ def parse_tools(f: Fields, cfg: GenerateConfig) -> ToolCalling | None:
         raise bad("tools", "must be a non-empty list of tools")
     if len(given) > cfg.max_tools:
         raise bad("tools", f"at most {cfg.max_tools} tools (--generate-max-tools), got {len(given)}")
-    tools = [_tool(t, i) for i, t in enumerate(given)]
+    tools = [_tool(t, i, flat) for i, t in enumerate(given)]
     names = [t.name for t in tools]
     twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
-        raise bad(f"tools[{twice}].function.name", f"{names[twice]!r} is defined twice")
+        raise bad(f"{tools[twice].where}.name", f"{names[twice]!r} is defined twice")
+    if flat:  # the chat template reads chat's spelling, as transformers passes it
+        given = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in given]
     calling = ToolCalling(tools, given, parallel=f.boolean("parallel_tool_calls", True))
     if choice is None or choice == "auto":
         raise bad("tool_choice", "\"auto\" is not supported: this model has no tool-call syntax to parse. Force a "
@@ -156,37 +161,42 @@ def parse_tools(f: Fields, cfg: GenerateConfig) -> ToolCalling | None:
             raise bad("tool_choice", f"must be one of {', '.join(CHOICES)} or a named function, got {choice!r}")
         calling.required = choice == "required"
         return calling
-    named = Fields(choice, {"type", "function"}, "tool_choice.", "tool_choice")
+    named = Fields(choice, {"type", "name"} if flat else {"type", "function"}, "tool_choice.", "tool_choice")
     if named.raw("type") != "function":
         raise bad("tool_choice.type", f"must be \"function\", got {named.raw('type')!r}")
-    function = Fields(named.raw("function"), {"name"}, "tool_choice.function.", "tool_choice.function")
+    function = named if flat else Fields(named.raw("function"), {"name"}, "tool_choice.function.", "tool_choice.function")
     name = function.raw("name")
     if name not in names:
-        raise bad("tool_choice.function.name", f"{name!r} is not one of the tools ({', '.join(names)})")
+        raise bad(function.where("name"), f"{name!r} is not one of the tools ({', '.join(names)})")
     calling.forced = tools[names.index(name)]
     return calling
 
 
-def _tool(value: Any, i: int) -> Tool:
+FUNCTION_FIELDS = {"name", "description", "parameters", "strict"}
+
+
+def _tool(value: Any, i: int, flat: bool) -> Tool:
     where = f"tools[{i}]"
-    tool = Fields(value, {"type", "function"}, f"{where}.", "a tool")
+    tool = Fields(value, {"type", *FUNCTION_FIELDS} if flat else {"type", "function"}, f"{where}.", "a tool")
     if tool.raw("type") != "function":
-        raise bad(f"{where}.type", f"must be \"function\", got {tool.raw('type')!r}")
-    fn = Fields(tool.raw("function"), {"name", "description", "parameters", "strict"}, f"{where}.function.",
-                "a function")
+        raise bad(f"{where}.type", f"must be \"function\", got {tool.raw('type')!r}"
+                  + (" (this server runs no hosted tools)" if flat else ""))
+    if not flat:
+        where += ".function"
+    fn = tool if flat else Fields(tool.raw("function"), FUNCTION_FIELDS, f"{where}.", "a function")
     name = fn.raw("name")
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise bad(f"{where}.function.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
+        raise bad(f"{where}.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
     if fn.has("description") and not isinstance(fn.raw("description"), str):
-        raise bad(f"{where}.function.description", "must be a string")
+        raise bad(f"{where}.description", "must be a string")
     fn.boolean("strict")  # the arguments of a forced call always follow the schema, strict or not
     parameters = fn.raw("parameters", NO_PARAMETERS)
     if not isinstance(parameters, dict):
-        raise bad(f"{where}.function.parameters", "must be a JSON schema object")
+        raise bad(f"{where}.parameters", "must be a JSON schema object")
     if not parameters:  # {} takes none, as no parameters do
         parameters = NO_PARAMETERS
     if "type" not in parameters and "$ref" not in parameters:  # arguments are a JSON object: a schema of
         parameters = {**parameters, "type": "object"}  # properties alone would also take a string or a number
     if parameters.get("type", "object") != "object":
-        raise bad(f"{where}.function.parameters.type", f"must be \"object\", got {parameters['type']!r}")
-    return Tool(name, parameters, i)
+        raise bad(f"{where}.parameters.type", f"must be \"object\", got {parameters['type']!r}")
+    return Tool(name, parameters, i, where)

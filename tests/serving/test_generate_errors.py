@@ -153,6 +153,15 @@ def test_deadline_ends_answers_and_streams(tight):
     r = requests.post(tight.url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 8000,
                                                                                       "ignore_eos": True}}, timeout=60)
     assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+    # the Responses API: a 504 outside a stream; inside one an error event, then response.failed, and no [DONE]
+    body = {"input": MSG[-1]["content"], "max_output_tokens": 8000, "temperature": 0, "ignore_eos": True}
+    openai_error(requests.post(tight.url + "/v1/responses", json=body, timeout=60), 504, None, "timeout")
+    with requests.post(tight.url + "/v1/responses", json={**body, "stream": True}, stream=True, timeout=60) as r:
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ")]
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and events[-2]["code"] == "timeout"
+    assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["code"] == "timeout"
+    assert any(e["type"] == "response.output_text.delta" for e in events)  # it had streamed text before the cut
 
 
 def test_every_choice_past_the_deadline_is_counted_as_one(long_llama, tmp_path):

@@ -34,6 +34,9 @@ def test_smollm2_over_http_equals_the_engine(smol):
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=16, temperature=0, stream=True) if c.choices)
     assert streamed == ref.text
+    answer = client.responses.create(model="SmolLM2-135M-Instruct", input=CHAT[0]["content"], max_output_tokens=16,
+                                     temperature=0)
+    assert answer.output_text == ref.text and answer.usage.input_tokens == len(ids)
     native = requests.post(smol.url + "/generate", timeout=120, json={
         "input_ids": ids, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}).json()
     assert native["output_ids"] == ref.token_ids
