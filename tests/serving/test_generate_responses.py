@@ -231,3 +231,10 @@ def test_what_the_sdk_sends_by_default_is_taken(client):
             user="u1", safety_identifier="s1", prompt_cache_key="k1", top_p=1.0, tool_choice="none",
             text={"format": {"type": "text"}, "verbosity": "medium"}, max_output_tokens=4)
     assert r.store is False and r.output_text
+
+
+def test_responses_are_counted_under_their_own_route(client, smollm2_server):
+    before = requests.get(smollm2_server.url + "/stats", timeout=10).json()["generation"]["finished"]
+    ask(client, max_output_tokens=3)
+    after = requests.get(smollm2_server.url + "/stats", timeout=10).json()["generation"]["finished"]
+    assert after["responses"]["length"] == before.get("responses", {}).get("length", 0) + 1
