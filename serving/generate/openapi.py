@@ -14,9 +14,11 @@ from serving.generate.responses import LOGPROBS
 from serving.generate.schema import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
+    DETOKENIZE_FIELDS,
     GENERATE_FIELDS,
     PIN_FIELDS,
     SGLANG_SAMPLING,
+    TOKENIZE_FIELDS,
 )
 from serving.openapi import json_content, ref
 
@@ -176,6 +178,20 @@ def openapi(cfg: GenerateConfig) -> dict:
                                                                              "total_tokens"],
                                               "properties": {"input_tokens": integer, "output_tokens": integer,
                                                              "total_tokens": integer}}}},
+        "TokenizeRequest": _request("tokenize", {
+            "model": string, "prompt": {"type": "string", "description": "text, as /v1/completions encodes it"},
+            "messages": {"type": "array", "minItems": 1, "items": message,
+                         "description": "a conversation, as /v1/chat/completions renders it"},
+            "add_special_tokens": {"type": "boolean", "description": "default true: the tokenizer's BOS, if it adds one"},
+            "add_generation_prompt": {"type": "boolean", "description": "messages only; default true"},
+            "tools": {"type": "array", "items": {"type": "object"}, "description": "messages only: what the chat "
+                                                                                 "template is shown"},
+            "return_token_strs": boolean}, TOKENIZE_FIELDS, []),
+        "Tokenized": {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
+            "count": integer, "max_model_len": integer, "tokens": ids,
+            "token_strs": {"type": ["array", "null"], "items": string}}},
+        "DetokenizeRequest": _request("detokenize", {"model": string, "tokens": ids}, DETOKENIZE_FIELDS, ["tokens"]),
+        "Detokenized": {"type": "object", "required": ["prompt"], "properties": {"prompt": string}},
         "GenerateRequest": _request("generate", {
             "text": {"oneOf": [string, {"type": "array", "items": string, "maxItems": cfg.max_prompts}]},
             "input_ids": {"oneOf": [ids, {"type": "array", "items": ids, "maxItems": cfg.max_prompts}]},
@@ -229,6 +245,12 @@ def openapi(cfg: GenerateConfig) -> dict:
                                        ("401", "404", "503"))},
         "/generate": _route("post", "SGLang native generation (a list for a batch or n > 1; stream: SSE)",
                             ref("GenerateResponse"), "Error", sg, "GenerateRequest", stream=DONE_LAST),
+        "/tokenize": _route("post", "vLLM's: the token ids a prompt or conversation is fed as, counted past the "
+                                    "prompt limit too", ref("Tokenized"), "OpenAIError", ("400", "401", "404", "405",
+                                                                                          "413", "503"),
+                            "TokenizeRequest"),
+        "/detokenize": _route("post", "vLLM's: the text of token ids", ref("Detokenized"), "OpenAIError",
+                              ("400", "401", "404", "405", "413", "503"), "DetokenizeRequest"),
         "/get_model_info": _route("get", "SGLang model info", ref("ModelInfo"), "Error", ("401",)),
         "/server_info": _route("get", "engine settings and live counters", ref("Object"), "Error", ("401", "503")),
         "/flush_cache": _route("post", "drop the prefix cache's unused blocks (pins stay)", ref("Object"), "Error",

@@ -1,7 +1,8 @@
 """`GenerateApi`: the generation API as the app factory mounts it, its routes and what it adds to the server.
 
 OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`), SGLang's native routes (`/generate`,
-`/get_model_info`, `/server_info`, `/flush_cache`, `/health_generate`) and pins (`/v1/pins`). Views stay
+`/get_model_info`, `/server_info`, `/flush_cache`, `/health_generate`), pins (`/v1/pins`), and vLLM's
+`/tokenize` and `/detokenize`. Views stay
 plain Flask: read the body, let `schema` check it, let `service` submit it, let a dialect write the answer
 or the stream. Errors on `/v1/*` take OpenAI's shape (`openai.error_dialect`); SGLang's routes keep the
 server's own.
@@ -19,7 +20,14 @@ from serving.errors import parse_json
 from serving.generate import openai, responses, sglang
 from serving.generate.config import GenerateConfig
 from serving.generate.openapi import openapi
-from serving.generate.schema import chat_request, completion_request, generate_request, pin_request
+from serving.generate.schema import (
+    chat_request,
+    completion_request,
+    detokenize_request,
+    generate_request,
+    pin_request,
+    tokenize_request,
+)
 from serving.generate.service import Service
 from serving.generate.streaming import event_stream
 
@@ -35,7 +43,9 @@ class GenerateApi:
         self.model = model
         self._engine = engine
         self.service: Service | None = None
-        self.error_dialects = {"/v1/": openai.error_dialect}  # a route it does not serve too (an SDK's 404)
+        # a route it does not serve too (an SDK's 404); vLLM's tokenizer routes answer errors as its /v1/ do
+        self.error_dialects = {"/v1/": openai.error_dialect, "/tokenize": openai.error_dialect,
+                               "/detokenize": openai.error_dialect}
         self.blueprint = Blueprint("generate", __name__)
         for rule, view, methods in (
             ("/v1/chat/completions", self.chat, ["POST"]), ("/v1/completions", self.completions, ["POST"]),
@@ -45,6 +55,7 @@ class GenerateApi:
             ("/generate", self.generate, ["POST"]), ("/get_model_info", self.model_info, ["GET"]),
             ("/server_info", self.server_info, ["GET"]), ("/flush_cache", self.flush_cache, ["POST"]),
             ("/health_generate", self.health_generate, ["GET"]),
+            ("/tokenize", self.tokenize, ["POST"]), ("/detokenize", self.detokenize, ["POST"]),
         ):
             self.blueprint.add_url_rule(rule, view_func=view, methods=methods, endpoint=f"{view.__name__}")
 
@@ -148,6 +159,29 @@ class GenerateApi:
     def health_generate(self) -> dict:
         self.service.health(HEALTH_TIMEOUT_S)
         return {"status": "ok"}
+
+    # vLLM's tokenizer routes.
+
+    def tokenize(self) -> dict:
+        """The ids the generation routes would feed the model for this prompt or conversation, counted even
+        past the prompt limit (a client asks in order to know whether it fits)."""
+        req = tokenize_request(self._body())
+        self.service.ready()
+        self.service.check_model(req.model)
+        ids = self.service.tokens(req.prompt, req.where, req.add_generation_prompt, req.tools)
+        bos = self.service.engine.tokenizer.bos_id
+        if not req.add_special_tokens and ids and ids[0] == bos and self.service.engine.tokenizer.add_bos:
+            ids = ids[1:]  # the only special token the tokenizer itself adds
+        strs = [self.service.token_text(t) for t in ids] if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.service.engine.max_model_len, "tokens": ids,
+                "token_strs": strs}
+
+    def detokenize(self) -> dict:
+        ids, model = detokenize_request(self._body())
+        self.service.ready()
+        self.service.check_model(model)
+        self.service.tokens(ids, "tokens")  # checked against the vocabulary
+        return {"prompt": self.service.engine.tokenizer.decode(ids, skip_special_tokens=False)}
 
     def _body(self) -> Any:
         return parse_json(request.get_data(cache=False))

@@ -43,6 +43,9 @@ SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_
                    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
                    "sampling_seed", "logit_bias", "regex", "json_schema", "ebnf"}
 PIN_FIELDS = {"text", "messages", "input_ids"}
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "tools",
+                   "return_token_strs"}
+DETOKENIZE_FIELDS = {"model", "tokens"}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
 # A temperature in [0, this) is greedy on every route: the engine's least temperature (vLLM reads those as greedy
 # too; SGLang below 1e-6, and samples from there at a temperature that picks the top token all the same).
@@ -390,3 +393,54 @@ def pin_request(body: Any) -> tuple[str, Any]:
             raise bad("messages", "must be a non-empty list of messages")
         value = [_message(m, i) for i, m in enumerate(value)]
     return kind, value
+
+
+@dataclass
+class TokenizeRequest:
+    """vLLM's `/tokenize`: a `prompt` (text, as `/v1/completions` reads it) or chat `messages` (as
+    `/v1/chat/completions` renders them, `tools` included)."""
+
+    prompt: Any
+    where: str
+    model: str | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    tools: list[dict[str, Any]] | None
+    return_token_strs: bool
+
+
+def tokenize_request(body: Any) -> TokenizeRequest:
+    f = Fields(body, TOKENIZE_FIELDS)
+    if f.has("prompt") == f.has("messages"):
+        raise bad("prompt", "give exactly one of prompt or messages")
+    if f.has("prompt"):
+        if not isinstance(f.raw("prompt"), str):
+            raise bad("prompt", "must be a string")
+        for name in ("add_generation_prompt", "tools"):
+            if f.has(name):
+                raise bad(name, "only with messages")
+        prompt, where = f.raw("prompt"), "prompt"
+    else:
+        messages = f.raw("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad("messages", "must be a non-empty list of messages")
+        prompt, where = [_message(m, i) for i, m in enumerate(messages)], "messages"
+    tools = f.raw("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise bad("tools", "must be a list of tool objects (as chat takes them)")
+    model = f.raw("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "must be a string")
+    return TokenizeRequest(prompt, where, model, f.boolean("add_special_tokens", True),
+                           f.boolean("add_generation_prompt", True), tools, f.boolean("return_token_strs"))
+
+
+def detokenize_request(body: Any) -> tuple[list[int], str | None]:
+    """vLLM's `/detokenize`: (the token ids, the model asked for)."""
+    f = Fields(body, DETOKENIZE_FIELDS)
+    if not isinstance(f.raw("tokens"), list):
+        raise bad("tokens", "is required: a list of token ids")
+    model = f.raw("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "must be a string")
+    return f.token_ids("tokens"), model

@@ -257,18 +257,23 @@ class Service:
             raise ApiError(404, f"model {model!r} is not served here; this server generates with {self.name!r}",
                            "model_not_found", "model")
 
-    def encode(self, prompt: Any, where: str, generation_prompt: bool = True,
+    def tokens(self, prompt: Any, where: str, generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a prompt: text, ids (checked against the vocabulary) or chat messages (rendered
         with the model's template, which also sees `tools`; `generation_prompt=False` for a prefix a later
-        chat continues)."""
+        chat continues). No limit is applied: `/tokenize` counts a prompt too long to generate from."""
         engine = self.engine
         try:
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
                 prompt = engine.apply_chat_template(prompt, add_generation_prompt=generation_prompt, tools=tools)
-            ids = engine.encode(prompt)
+            return engine.encode(prompt)
         except InvalidParam as exc:
             raise bad(exc.field if exc.field.startswith("messages") else where, exc.reason) from None
+
+    def encode(self, prompt: Any, where: str, generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """`tokens` of a prompt to generate from: at least one, and within the prompt limit."""
+        ids = self.tokens(prompt, where, generation_prompt, tools)
         if not ids:
             raise bad(where, "empty (give at least one token)")
         if len(ids) > self.max_prompt_tokens:

@@ -93,14 +93,16 @@ def test_decisions_answer_while_generation_streams(gen, billing_questions):
 def test_openapi_documents_the_generation_routes_and_answers_validate(gen):
     doc = requests.get(gen.url + "/openapi.json", timeout=10).json()
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/pins", "/v1/pins/{pin_id}", "/generate",
-                 "/get_model_info", "/server_info", "/flush_cache", "/health_generate"):
+                 "/get_model_info", "/server_info", "/flush_cache", "/health_generate", "/tokenize", "/detokenize"):
         assert path in doc["paths"], path
     calls = [("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletion",
               {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logit_bias": {"5": -1.5}}),
              ("/v1/completions", "CompletionRequest", "Completion", {"prompt": ["a", "b"], "max_tokens": 2}),
              ("/v1/responses", "ResponsesRequest", "Response", {"input": [{"role": "user", "content": "hi"}],
                                                                 "instructions": "be brief", "max_output_tokens": 3}),
-             ("/generate", "GenerateRequest", "GenerateResponse", {"text": ["a"], "sampling_params": {"max_new_tokens": 2}})]
+             ("/generate", "GenerateRequest", "GenerateResponse", {"text": ["a"], "sampling_params": {"max_new_tokens": 2}}),
+             ("/tokenize", "TokenizeRequest", "Tokenized", {"prompt": "a b", "return_token_strs": True}),
+             ("/detokenize", "DetokenizeRequest", "Detokenized", {"tokens": [5, 6]})]
     schemas = doc["components"]["schemas"]
     sglang = schemas["GenerateRequest"]["properties"]["sampling_params"]["oneOf"][0]["properties"]
     for logit_bias in (schemas["ChatCompletionRequest"]["properties"]["logit_bias"],
