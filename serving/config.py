@@ -18,6 +18,11 @@ from serving.flags import Settings, option, section
 from serving.generate.config import GenerateConfig
 
 
+# Each worker loads its own models (laya-mini and SmolLM2: about 1.6 GB before sharing), so a count in the
+# thousands forked until the machine ran out of memory; no box this serves on runs 256 such processes well.
+MAX_WORKERS = 256
+
+
 @dataclass
 class FrontSettings(Settings):
     """What each worker's HTTP front enforces before a request thread sees a request (`serving.server`):
@@ -40,8 +45,9 @@ class FrontSettings(Settings):
 class ServeConfig(FrontSettings):
     host: str = option("127.0.0.1", "bind address")
     port: int = option(8000, "bind port (0 picks a free one)", minimum=0, maximum=65535)
-    workers: int = option(1, "gunicorn worker processes; each holds its own models and model-worker threads",
-                          minimum=1)
+    workers: int = option(1, f"gunicorn worker processes, 1-{MAX_WORKERS}; each holds its own models and "
+                             "model-worker threads (a copy of the models each: more than a machine holds is a typo)",
+                          minimum=1, maximum=MAX_WORKERS)
     threads: int = option(128, "request threads per worker, shared by the APIs (see --decide-threads, "
                                "--generate-threads); beyond them connections queue in the kernel", minimum=1)
     decide_threads: int | None = option(None, "most request threads the decision routes hold at once; past it "

@@ -36,6 +36,8 @@ def test_precedence():
     # torch took any thread count, then segfaulted or hung starting its pool in the worker
     ({"PAGODA_TORCH_THREADS": "99999"}, "--torch-threads / PAGODA_TORCH_THREADS must be in 0..1024, got 99999"),
     ({"PAGODA_GENERATE_TORCH_THREADS": "99999"}, "PAGODA_GENERATE_TORCH_THREADS must be in 0..1024, got 99999"),
+    # gunicorn forked that many workers, each loading its own models, until the machine ran out of memory
+    ({"PAGODA_WORKERS": "100000"}, "--workers / PAGODA_WORKERS must be in 1..256, got 100000"),
 ])
 def test_bad_values_name_the_setting(env, needle):
     with pytest.raises(ValueError, match=needle):
@@ -68,6 +70,20 @@ def test_serve_refuses_bad_files(tmp_path):
                               timeout=60)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
         assert proc.stderr.startswith("pagoda serve: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_serve_refuses_a_worker_count_past_its_bound(monkeypatch, capsys):
+    """Checked before gunicorn forks: one line naming the flag, exit 2 (99999 forked until memory ran out)."""
+    from serving import server
+    from serving.cli import main
+
+    def no_server(*args):
+        raise AssertionError("pagoda serve went on to start its workers")
+
+    monkeypatch.setattr(server, "GunicornServer", no_server)
+    rc = main(["serve", "--workers", "99999", "--generate-model", "none"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "pagoda serve: error: --workers / PAGODA_WORKERS must be in 1..256, got 99999\n", err
 
 
 def test_an_api_section_gets_its_own_flags_and_variables():
