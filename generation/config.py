@@ -32,6 +32,16 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # torch.Generator's seeds (int64, as vLLM's 
 MAX_TORCH_THREADS = 1024
 
 
+def thread_count_problem(threads: object) -> str | None:
+    """Why `threads` is no torch thread count (None: torch's default), or None. The library's entry points
+    (`EngineConfig.num_threads`, `EngineLoop(num_threads=)`) hold it to the bound the flags have: torch takes
+    99999 and then segfaults or hangs starting its pool."""
+    if threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
+                           and 1 <= threads <= MAX_TORCH_THREADS):
+        return None
+    return f"must be an integer from 1 to {MAX_TORCH_THREADS} (or None), got {threads!r}"
+
+
 class InvalidParam(ValueError):
     """A setting or request input the engine refuses. `field` is the name it was given under
     (`top_p`, `prompt`, `pin`, ...), so a server can name its own field for it without parsing messages."""
@@ -139,7 +149,8 @@ class EngineConfig:
         _require(self.max_num_seqs >= 1, w, "max_num_seqs", "must be >= 1")
         _require(self.max_num_batched_tokens >= 1, w, "max_num_batched_tokens", "must be >= 1")
         _require(self.max_model_len is None or self.max_model_len >= 2, w, "max_model_len", "must be >= 2 (or None)")
-        _require(self.num_threads is None or self.num_threads >= 1, w, "num_threads", "must be >= 1 (or None)")
+        problem = thread_count_problem(self.num_threads)
+        _require(problem is None, w, "num_threads", problem or "")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import TypeVar
 
-from generation.config import SamplingParams
+from generation.config import InvalidParam, SamplingParams, thread_count_problem
 from generation.engine import Engine, GenerationOutput, Prompt, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,9 @@ class EngineLoop:
                  name: str = "pagoda-engine") -> None:
         if max_waiting is not None and max_waiting < 0:
             raise ValueError("max_waiting: must be >= 0 (or None)")
-        if num_threads is not None and num_threads < 1:
-            raise ValueError("num_threads: must be >= 1 (or None)")
+        problem = thread_count_problem(num_threads)
+        if problem:
+            raise InvalidParam(f"EngineLoop.num_threads: {problem}", "num_threads")
         self.engine = engine
         self.max_waiting = max_waiting
         self.num_threads = num_threads

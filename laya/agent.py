@@ -20,6 +20,7 @@ from typing import Any
 
 from laya import answers
 from laya.calibration import Temperatures
+from laya.checks import check_threads
 from laya.config import LayaConfig
 from laya.engine import Engine, RowOutput
 from laya.errors import InputError, in_batch
@@ -201,6 +202,7 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
     `$PAGODA_PRECISION`. `threads`: intra-op threads (default: `$OMP_NUM_THREADS`, else the runtime's).
     `question_cache_bytes`: the bound of the question-token cache.
     """
+    check_threads(threads, "threads")  # 1 to MAX_THREADS, as every --threads: torch segfaults or hangs on 99999
     if path is None:
         path = default_model_dir()
         if not (path / "rl_agent_config.json").is_file():

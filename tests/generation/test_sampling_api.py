@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from generation import Engine, EngineConfig, InvalidParam, LogitsProcessor, SamplingParams, Session
+from generation import Engine, EngineConfig, EngineLoop, InvalidParam, LogitsProcessor, SamplingParams, Session
 from generation.constraints import processor_from_request
 from generation.engine import GenerationOutput
 from generation.sampler import sample
@@ -244,6 +244,20 @@ def test_a_device_torch_cannot_use_is_refused_with_the_config(monkeypatch):
     assert EngineConfig(device="cuda:0").device == "cuda:0"
     with pytest.raises(InvalidParam, match="torch sees 1 cuda device"):
         EngineConfig(device="cuda:1")
+
+
+@pytest.mark.parametrize("threads", [0, 1025, 2.5, True])  # not 99999: the old code ran it
+def test_a_thread_count_torch_cannot_run_is_refused_with_the_config(tiny_llama, threads):
+    """`EngineConfig(num_threads=99999)` and `EngineLoop(num_threads=99999)` were taken, and torch then segfaulted or
+    hung starting its pool; the library is held to the flags' bound (`MAX_TORCH_THREADS`)."""
+    with pytest.raises(InvalidParam, match="EngineConfig.num_threads: must be an integer from 1 to 1024") as err:
+        EngineConfig(num_threads=threads)
+    assert err.value.field == "num_threads"
+    engine = Engine(EngineConfig(model=str(tiny_llama), num_blocks=8))
+    with pytest.raises(InvalidParam, match="EngineLoop.num_threads: must be an integer from 1 to 1024") as err:
+        EngineLoop(engine, num_threads=threads)
+    assert err.value.field == "num_threads"
+    assert EngineConfig(num_threads=1024).num_threads == 1024
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -78,6 +78,14 @@ def test_default_model_missing_says_how_to_build(monkeypatch, tmp_path):
         laya.load()
 
 
+@pytest.mark.parametrize("threads", [0, 1025])  # not 99999: the old code ran it
+def test_load_refuses_a_thread_count_torch_cannot_run(laya_tiny_bert, threads):
+    """It was taken, and torch or onnxruntime then segfaulted or hung; refused before anything loads, naming the
+    argument, with the bound every --threads has (`laya.checks.MAX_THREADS`)."""
+    with pytest.raises(ValueError, match=f"threads: must be an integer from 1 to 1024, got {threads}"):
+        laya.load(laya_tiny_bert, threads=threads)
+
+
 def test_import_laya_is_cheap(tmp_path):
     import subprocess
     import sys
