@@ -177,6 +177,13 @@ def _noul(name: str, crit: Any, labels: Any) -> tuple[list, list[str]]:
         crit = {}
     if not isinstance(crit, dict):
         raise _fail(name, "criteria", "a noul takes a dict with optional 'false'/'true' descriptions")
+    given: dict[str, Any] = {}
+    for k in crit:  # keys are read in any case: two that differ only by it would silently keep one description
+        key = str(k).lower()
+        if key in given:
+            raise _fail(name, "criteria", f"keys {given[key]!r} and {k!r} are both {key!r} (keys are read in any "
+                                          "case); give one")
+        given[key] = k
     crit = {str(k).lower(): v for k, v in crit.items()}
     if not set(crit) <= {"false", "true"}:
         raise _fail(name, "criteria", f"a noul's criteria are keyed only 'false'/'true', got {sorted(crit)}")

@@ -36,6 +36,9 @@ BAD_QUESTIONS = [
     ({"q": {"type": "choice", "instructions": "x", "criteria": [f"o{i}" for i in range(256)]}},
      r"question 'q': field 'criteria'.*at most 255"),
     ({"q": {"type": "noul", "instructions": "x", "criteria": {"yes": "a"}}}, r"question 'q': field 'criteria'"),
+    # keys are read in any case: both were taken and one description silently kept
+    ({"q": {"type": "noul", "instructions": "x", "criteria": {"True": "a", "true": "b"}}},
+     r"question 'q': field 'criteria'.*keys 'True' and 'true' are both 'true'"),
     ({"q": {"type": "noul", "instructions": "x", "labels": {"false": "A", "true": "A"}}}, r"question 'q': field 'labels'"),
     ({"q": {"type": "noul", "instructions": "x", "labels": {"true": "A"}}}, r"question 'q': field 'labels'"),
     ({"q": {"type": "choice", "instructions": "x", "criteria": ["a", "b"], "labels": {}}}, r"question 'q': field 'labels'"),

@@ -34,6 +34,7 @@ def post(server, path, body):
     ({"type": "maybe", "instructions": "?"}, "questions.q.type"),
     ({"type": "choice", "instructions": "?", "criteria": []}, "questions.q.criteria"),
     ({"type": "noul", "instructions": "?", "criteria": {"perhaps": "x"}}, "questions.q.criteria"),
+    ({"type": "noul", "instructions": "?", "criteria": {"True": "x", "true": "y"}}, "questions.q.criteria"),
     ({"type": "noul", "instructions": "?", "colour": "red"}, "questions.q.colour"),
     ({"type": "score", "instructions": ""}, "questions.q.instructions"),
 ])
