@@ -24,7 +24,7 @@ from laya.checks import check_threads
 from laya.config import LayaConfig
 from laya.engine import Engine, RowOutput
 from laya.errors import InputError, in_batch
-from laya.layout import read_parts
+from laya.layout import encoder_positions, read_parts
 from laya.lru import ByteLRU
 from laya.paths import DEFAULT_MODEL_ENV, default_model_dir
 from laya.precision import Plan, check_device, plan
@@ -211,9 +211,8 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
     path = str(path)
     config, encoder_config, tokenizer, weights_path = read_parts(path)
     chosen = plan(precision, check_device(device))
-    positions = encoder_config.get("max_position_embeddings")
     return Agent(_engine(path, config, encoder_config, weights_path, chosen, threads), tokenizer, config, source=path,
-                 max_positions=positions if isinstance(positions, int) and positions > 0 else None,
+                 max_positions=encoder_positions(encoder_config),
                  question_cache_bytes=question_cache_bytes)
 
 

@@ -43,6 +43,21 @@ def answers_digest(path: str | os.PathLike) -> str:
     return h.hexdigest()[:16]
 
 
+def encoder_positions(encoder_config: dict[str, Any]) -> int | None:
+    """The encoder's positions (`max_position_embeddings`): the most tokens a row may hold; None if not given."""
+    positions = encoder_config.get("max_position_embeddings")
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+
+
+def checkpoint_positions(path: str | os.PathLike) -> int | None:
+    """`encoder_positions` of the checkpoint folder at `path` from its encoder config alone (no weights, no
+    tokenizer: a server documents its limits before its model loads); None where it cannot be read."""
+    try:
+        return encoder_positions(read_json(os.path.join(path, ENCODER_CONFIG)))
+    except (OSError, ValueError, AttributeError):  # AttributeError: a config that is not a JSON object
+        return None
+
+
 def require(path: str, name: str) -> str:
     full = os.path.join(path, name)
     if not os.path.isfile(full):

@@ -13,12 +13,21 @@ from serving.decide.schema import ROUTE_FIELDS
 from serving.openapi import SCHEMAS, post, ref
 
 
-def openapi(cfg: DecideConfig) -> dict:
+def openapi(cfg: DecideConfig, positions: int | None = None) -> dict:
+    """`positions`: the served model's encoder positions where they are known before it loads (a budget past them
+    is a 422), so the advertised maximum is what it takes and not `--max-len-cap` alone."""
     state = {"description": "text, a JSON object, or a list of chat turns",
              "oneOf": [{"type": "string", "maxLength": cfg.max_state_chars}, {"type": "object"}, {"type": "array"}]}
+    top = min(cfg.max_len_cap, positions) if positions else cfg.max_len_cap
+    bound = (f"at most the served model's {positions} positions and --max-len-cap ({cfg.max_len_cap})" if positions
+             else f"at most --max-len-cap ({cfg.max_len_cap}) and the served model's positions (laya-mini: 512); past "
+                  "either a 422 naming the field")
     budgets = {
-        "max_len": {"type": "integer", "minimum": 1, "maximum": cfg.max_len_cap},
-        "head_max_len": {"type": "integer", "minimum": 1, "maximum": cfg.max_len_cap},
+        "max_len": {"type": "integer", "minimum": 1, "maximum": top,
+                    "description": f"tokens of a whole row (question and state), {bound}"},
+        "head_max_len": {"type": "integer", "minimum": 1, "maximum": top,
+                         "description": "tokens of a row's question part, a soft cap: the instructions keep at least 8 "
+                                       f"tokens and each option 4 whatever it says (the official layout); {bound}"},
         "min_confidence": {"description": "abstain below this answer_confidence; a number or a per-bucket "
                                           "object such as {\"choice:3-5\": 0.6, \"default\": 0.5}",
                            "oneOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "object"}]},

@@ -17,6 +17,8 @@ from flask import Blueprint, g, request
 from prometheus_client import CollectorRegistry
 
 from distill.remote_teacher import DIGEST_HEADER
+from laya.layout import checkpoint_positions
+from laya.paths import default_model_dir
 from serving.decide import systemone
 from serving.decide.config import DecideConfig
 from serving.decide.metrics import DecideMetrics
@@ -104,7 +106,17 @@ class DecideApi:
         return detect().summary()
 
     def openapi(self) -> dict:
-        return openapi(self.cfg)
+        return openapi(self.cfg, self._positions())
+
+    def _positions(self) -> int | None:
+        """The Laya model's encoder positions, read before it loads (the document is built first); None for a
+        student (it refuses budgets) or where its folder cannot say."""
+        agent = getattr(self._backend, "agent", None)
+        if agent is not None:
+            return getattr(agent, "max_positions", None)
+        if self._backend is not None or self.cfg.student:
+            return None
+        return checkpoint_positions(self.cfg.model if self.cfg.model is not None else default_model_dir())
 
     def close(self, timeout_s: float) -> None:
         if self.service is not None and self.service.batcher is not None:

@@ -4,11 +4,12 @@ running server validate against its schemas (a small JSON-schema subset checker 
 from __future__ import annotations
 
 import requests
-from serving_support import BILLING_STATE, routes_served_and_documented
+from serving_support import BILLING_STATE, TINY_BERT, routes_served_and_documented
 
 from serving.app import create_app
 from serving.config import ServeConfig
 from serving.decide.backend import LayaBackend
+from serving.decide.config import DecideConfig
 from serving.decide.routes import DecideApi
 
 
@@ -61,9 +62,27 @@ def test_documents_exactly_the_served_routes(agent):
     assert served == documented
 
 
+def test_budgets_advertise_the_served_models_positions(agent, tmp_path):
+    """`max_len` and `head_max_len` were advertised up to --max-len-cap (8192) while the model takes its positions
+    (laya-mini 512, bert-tiny 1024) and answers 422 past them: the maximum is the smaller of the two, read from the
+    model folder before the model loads (or from an injected model); where nothing says, the description does."""
+    def maxima(api):
+        props = api.openapi()["schemas"]["DecideRequest"]["properties"]
+        return props["max_len"]["maximum"], props["head_max_len"]["maximum"]
+
+    assert agent.max_positions == 1024
+    assert maxima(DecideApi(DecideConfig(model=str(TINY_BERT)), 30)) == (1024, 1024)
+    assert maxima(DecideApi(DecideConfig(model=str(TINY_BERT), max_len_cap=300), 30)) == (300, 300)
+    assert maxima(DecideApi(DecideConfig(), 30, backend=LayaBackend(agent, "tiny"))) == (1024, 1024)
+    (tmp_path / "rl_agent_config.json").write_text("{}")  # a folder whose encoder config is missing: the cap
+    unknown = DecideApi(DecideConfig(model=str(tmp_path)), 30).openapi()["schemas"]["DecideRequest"]["properties"]
+    assert unknown["max_len"]["maximum"] == 8192 and "served model's positions" in unknown["max_len"]["description"]
+
+
 def test_real_responses_validate(server, billing_questions):
     doc = requests.get(server.url + "/openapi.json", timeout=10).json()
     assert doc["openapi"].startswith("3.1")
+    assert doc["components"]["schemas"]["DecideRequest"]["properties"]["max_len"]["maximum"] == 1024  # bert-tiny's
 
     def response_schema(path, method, status):
         content = doc["paths"][path][method]["responses"][str(status)]["content"]
