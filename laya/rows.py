@@ -2,7 +2,9 @@
 
 Row layout (the released models were trained on it, so it is fixed):
 `[CLS] tok("{type} question: {instructions}") [SEP] ([MASK] tok(" " + option))* [SEP] tok(state) [SEP]`.
-The head (everything before the state) is capped by `head_max_len`, the whole row by `max_len`.
+The head (everything before the state) is capped by `head_max_len`, the whole row by `max_len`. `head_max_len` is a
+soft cap, as in the official runtime: the instructions keep `MIN_INSTRUCTION_TOKENS` and each option
+`MIN_TOKENS_PER_OPTION` whatever it says (a smaller one is taken, not refused); `max_len` is the hard bound.
 """
 
 from __future__ import annotations

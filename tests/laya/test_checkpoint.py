@@ -9,7 +9,7 @@ import laya
 from laya.checkpoint import load_checkpoint, save_checkpoint
 from laya.config import LayaConfig
 from laya.questions import parse_questions
-from laya.rows import Budgets, build_rows
+from laya.rows import MIN_INSTRUCTION_TOKENS, MIN_TOKENS_PER_OPTION, Budgets, build_rows
 
 
 def test_config_round_trip_keeps_unknown_keys():
@@ -50,6 +50,23 @@ def test_encoder_config_bytes_do_not_name_the_transformers_release(laya_tiny_mod
     before = model.encoder.config.to_diff_dict()
     again.pop("transformers_version", None), before.pop("transformers_version", None)
     assert again == before
+
+
+def test_head_max_len_below_its_floors_is_clamped_not_refused(laya_tiny_modernbert):
+    """By design, not by accident: the official runtime keeps the instructions at least 8 tokens and each option 4
+    (its [MASK] and 3) whatever `head_max_len` says, and its goldens (head_max_len 24, 30 with many options) hold
+    us to the same rows; docs/laya.md and the OpenAPI description say so. Only `max_len` is a hard bound."""
+    tok = laya.load(laya_tiny_modernbert).tokenizer
+    long = "Which of these departments should handle the message, given everything it says about billing"
+    qs = parse_questions({"q": {"type": "choice", "instructions": long,
+                                "criteria": {n: "a long description of what this desk handles " * 3
+                                             for n in ("billing", "technical", "sales")}}})
+    (row,) = build_rows(tok, "word", qs, Budgets(max_len=200, head_max_len=1))
+    head = row.markers[-1] + MIN_TOKENS_PER_OPTION + 1          # through the [SEP] closing the options
+    assert row.markers[0] == 1 + MIN_INSTRUCTION_TOKENS + 1      # [CLS], 8 instruction tokens, [SEP]
+    assert row.tokens_per_option == MIN_TOKENS_PER_OPTION
+    assert head == 1 + MIN_INSTRUCTION_TOKENS + 1 + 3 * MIN_TOKENS_PER_OPTION + 1 > 1
+    assert row.input_ids[head - 1] == tok.sep_token_id
 
 
 def test_row_budget_rules(laya_tiny_modernbert):
