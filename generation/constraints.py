@@ -126,10 +126,63 @@ class Constraint:
             return llguidance.LLMatcher.grammar_from_regex(self.text)
         if self.kind == "choices":
             return llguidance.grammar_from("choice", self.text)
+        from llguidance.gbnf_to_lark import is_lark_syntax
+
+        text = self.text if is_lark_syntax(self.text) else _gbnf_unicode_escapes(self.text)
         try:  # Lark, or GBNF (llama.cpp / SGLang `ebnf`), which llguidance translates to Lark
-            return llguidance.grammar_from("grammar", self.text)
+            return llguidance.grammar_from("grammar", text)
         except ValueError as exc:
             raise ConstraintError("grammar", str(exc)) from None
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _gbnf_unicode_escapes(text: str) -> str:
+    """A GBNF grammar with its `\\uXXXX` and `\\UXXXXXXXX` escapes (llama.cpp's) spelled so llguidance's
+    translation to Lark keeps them: it drops their leading zeros (`\\U0010FFFF` becomes `\\U10FFFF`), which its
+    own regex and string lexers then refuse, so every such escape was a 400 (1.9.1).
+
+    Only inside string literals and character classes, scanned as its translator scans them (an escaped
+    backslash, `\\\\U...`, and a `#` comment keep their text). A code point below U+0100 becomes `\\xHH`, which
+    the translator passes through as the same character (so `"`, `\\`, `]`, `^`, `-` keep their escaped meaning);
+    one above becomes the character itself, which no GBNF or regex syntax gives a meaning. A surrogate or a code
+    point past U+10FFFF is no character and is refused naming the escape; a malformed escape is left for the
+    translator to refuse."""
+    out: list[str] = []
+    i, n, inside = 0, len(text), ""  # inside: '"' in a string literal, "]" in a character class
+    while i < n:
+        c = text[i]
+        if not inside:
+            if c == "#":
+                end = text.find("\n", i)
+                end = n if end < 0 else end
+                out.append(text[i:end])
+                i = end
+                continue
+            inside = {'"': '"', "[": "]"}.get(c, "")
+        elif c == "\\" and i + 1 < n:
+            width = {"u": 4, "U": 8}.get(text[i + 1], 0)
+            digits = text[i + 2:i + 2 + width]
+            if width and len(digits) == width and set(digits) <= _HEX:
+                point = int(digits, 16)
+                escape = text[i:i + 2 + width]
+                if 0xD800 <= point <= 0xDFFF:
+                    raise ConstraintError("grammar", f"{escape} is a UTF-16 surrogate, not a character (write the "
+                                                     "character's own code point)")
+                if point > 0x10FFFF:
+                    raise ConstraintError("grammar", f"{escape} is past U+10FFFF, the last Unicode code point")
+                out.append(f"\\x{point:02X}" if point < 0x100 else chr(point))
+                i += 2 + width
+            else:
+                out.append(text[i:i + 2])
+                i += 2
+            continue
+        elif c == inside:
+            inside = ""
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _schema(value: Any) -> dict[str, Any]:

@@ -331,6 +331,35 @@ def test_grammars_in_gbnf_and_lark(engine, grammar, check):
     assert all(is_arith(o.text) for o in done), [o.text for o in done]
 
 
+@pytest.mark.parametrize(("grammar", "text", "ok"), [
+    (r'root ::= "a" [\U00010000-\U0010FFFF]', "a\U0001F600", True),
+    (r'root ::= "a" [\U00010000-\U0010FFFF]', "ab", False),
+    (r'root ::= "\U0010FFFF"', "\U0010FFFF", True),
+    (r'root ::= "\u00e9\U0001F600"', "\u00e9\U0001F600", True),
+    (r'root ::= [\u005D\u002D]+', "]-]", True),           # `]` and `-` keep their escaped meaning
+    (r'root ::= [\u005D\u002D]+', "a", False),
+    (r'root ::= [^\u005D]', "]", False),
+    (r'root ::= "\u0022\u005C"', '"\\', True),           # a quote and a backslash inside a string literal
+    (r'root ::= "\\U0010FFFF"', "\\U0010FFFF", True),     # an escaped backslash: the text itself
+    ('root ::= "x" # \\U0010FFFF, "\\u12" in a comment\n', "x", True),
+])
+def test_gbnf_unicode_escapes_mean_their_characters(engine, grammar, text, ok):
+    """llama.cpp's `\\uXXXX` / `\\UXXXXXXXX`: llguidance's GBNF translation dropped their leading zeros
+    (`\\U10FFFF`), which its lexers refused, so every grammar with one was a 400."""
+    seq = processor_from_request({"grammar": grammar}, engine).fork()
+    ids = engine.tokenizer.encode(text)
+    assert (all(seq.matcher.consume_token(t) for t in ids) and seq.matcher.is_accepting()) == ok
+
+
+@pytest.mark.parametrize(("grammar", "needle"), [
+    (r'root ::= "\uD800"', r"grammar: \\uD800 is a UTF-16 surrogate"),
+    (r'root ::= [\U00110000]', r"grammar: \\U00110000 is past U\+10FFFF"),
+])
+def test_a_gbnf_escape_that_is_no_character_is_refused_by_name(engine, grammar, needle):
+    with pytest.raises(ValueError, match=needle):
+        processor_from_request({"grammar": grammar}, engine)
+
+
 def test_max_new_tokens_cuts_a_prefix_with_finish_reason_length(engine):
     spec = {"json_schema": TEST_SCHEMAS["3 fields"]}
     (out,) = engine.generate(PROMPTS[0], constrained(spec, max_new_tokens=5))
