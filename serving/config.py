@@ -17,7 +17,6 @@ from serving.decide.config import DecideConfig
 from serving.flags import Settings, option, section
 from serving.generate.config import GenerateConfig
 
-
 # Each worker loads its own models (laya-mini and SmolLM2: about 1.6 GB before sharing), so a count in the
 # thousands forked until the machine ran out of memory; no box this serves on runs 256 such processes well.
 MAX_WORKERS = 256

@@ -9,7 +9,15 @@ import re
 import pytest
 import torch
 
-from generation import Engine, EngineConfig, EngineLoop, InvalidParam, LogitsProcessor, SamplingParams, Session
+from generation import (
+    Engine,
+    EngineConfig,
+    EngineLoop,
+    InvalidParam,
+    LogitsProcessor,
+    SamplingParams,
+    Session,
+)
 from generation.constraints import processor_from_request
 from generation.engine import GenerationOutput
 from generation.sampler import sample
