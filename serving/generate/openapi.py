@@ -161,6 +161,7 @@ def openapi(cfg: GenerateConfig) -> dict:
                                                                    "conversation in input"},
             "background": {"enum": [False]}, "reasoning": {"type": "null"}, "truncation": {"enum": ["disabled"]},
             "service_tier": {"enum": ["auto", "default"]},
+            "verbosity": {"enum": ["medium"], "description": "as text.verbosity (the SDK's parse sends it here)"},
             "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"},
                          "description": "echoed in the answer"},
             "safety_identifier": string, "prompt_cache_key": {"type": "string", "description": "accepted; the "

@@ -36,7 +36,7 @@ from serving.generate.tools import parse_tools, tool_call
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text", "tools",
           "tool_choice", "parallel_tool_calls", "store", "metadata", "user", "safety_identifier", "prompt_cache_key",
           "truncation", "include", "top_logprobs", "previous_response_id", "background", "reasoning",
-          "service_tier", "stop", "stop_token_ids", *OPENAI_SAMPLING}
+          "service_tier", "verbosity", "stop", "stop_token_ids", *OPENAI_SAMPLING}
 LOGPROBS = "message.output_text.logprobs"  # the one `include` this server can add to an answer
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # each part's text field
@@ -58,6 +58,8 @@ class Echo:
     parallel_tool_calls: bool
     metadata: dict[str, str]
     user: str | None
+    safety_identifier: str | None
+    prompt_cache_key: str | None
     top_logprobs: int
     include_logprobs: bool
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -110,8 +112,9 @@ def responses_request(body: Any, cfg: GenerateConfig) -> tuple[Request, Echo]:
                                      "tool_choice, not both")
         constraint = tools.constraint()
     echo = Echo(instructions, kw["max_new_tokens"] if given else None, f.number("temperature", 1.0),
-                f.number("top_p", 1.0), text_format, f.raw("tools", []), f.raw("tool_choice", "none"),
-                f.boolean("parallel_tool_calls", True), _metadata(f), f.raw("user"), top, include)
+                f.number("top_p", 1.0), text_format, f.raw("tools", []), f.raw("tool_choice", "auto"),
+                f.boolean("parallel_tool_calls", True), _metadata(f), f.raw("user"), f.raw("safety_identifier"),
+                f.raw("prompt_cache_key"), top, include)
     req = Request("responses", [turns], ["input"], [kw], [names], stream=f.boolean("stream"), model=model,
                   constraint=constraint, tools=tools, logprobs=kw["logprobs"], max_tokens_set=[given])
     return req, echo
@@ -141,8 +144,9 @@ def _metadata(f: Fields) -> dict[str, str]:
 def _text_format(f: Fields) -> tuple[BodyConstraint | None, dict[str, Any]]:
     """`text.format`: text, json_object, or json_schema with its schema beside its type (chat nests it)."""
     text = Fields(f.raw("text", {}), {"format", "verbosity"}, "text.", "text")
-    if text.raw("verbosity", "medium") != "medium":
-        raise bad("text.verbosity", "only \"medium\" is supported: the model has no other")
+    for where, fields in (("verbosity", f), ("text.verbosity", text)):  # the SDK's parse sends the first
+        if fields.raw(where.split(".")[-1], "medium") != "medium":
+            raise bad(where, "only \"medium\" is supported: the model has no other")
     given = text.raw("format", {"type": "text"})
     fmt = Fields(given, {"type", "name", "schema", "strict", "description"}, "text.format.", "text.format")
     kind = fmt.raw("type")
@@ -200,7 +204,8 @@ def _input(value: Any) -> list[dict[str, Any]]:
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
-    m = Fields(item, {"type", "role", "content", "id", "status"}, f"{where}.", "a message")
+    # `phase` (commentary or final_answer) is what OpenAI asks clients to send back on an assistant's turns
+    m = Fields(item, {"type", "role", "content", "id", "status", "phase"}, f"{where}.", "a message")
     role = m.raw("role")
     if not isinstance(role, str) or role not in ROLES:
         raise bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r:.40}")
@@ -217,7 +222,7 @@ def _text(content: Any, where: str) -> str | list[dict[str, str]]:
     parts = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in TEXT_PARTS:  # a list or object is unhashable: the type first
             raise bad(f"{where}[{k}].type", "only input_text, output_text or refusal parts: this model reads text, "
                                             f"got {kind!r:.40}")
         # an earlier answer sent back as the SDK returned it carries its annotations, logprobs and parsed value
@@ -246,14 +251,15 @@ def _usage(run: Run) -> dict[str, Any]:
 def _object(echo: Echo, service: Service, status: str, output: list[dict[str, Any]],
             usage: dict[str, Any] | None, error: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": echo.id, "object": "response", "created_at": echo.created_at, "status": status,
-            "background": False, "error": error,
+            "completed_at": int(time.time()) if status == "completed" else None, "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens, "model": service.name,
             "output": output, "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": None,
             "reasoning": None, "store": False, "temperature": echo.temperature, "top_p": echo.top_p,
-            "text": {"format": echo.text_format}, "tool_choice": echo.tool_choice, "tools": echo.tools,
-            "top_logprobs": echo.top_logprobs, "truncation": "disabled", "usage": usage, "user": echo.user,
-            "metadata": echo.metadata}
+            "text": {"format": echo.text_format, "verbosity": "medium"}, "tool_choice": echo.tool_choice,
+            "tools": echo.tools, "top_logprobs": echo.top_logprobs, "truncation": "disabled", "usage": usage,
+            "user": echo.user, "safety_identifier": echo.safety_identifier, "prompt_cache_key": echo.prompt_cache_key,
+            "service_tier": "default", "metadata": echo.metadata}
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -364,5 +370,10 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
     except ApiError as exc:
         err = openai_error(error_body(exc.message, exc.type, exc.field, request_id))["error"]
         yield event("error", code=err["code"], message=err["message"], param=err["param"])
-        yield event("response.failed", response=_object(echo, service, "failed", [], None,
-                                                          {"code": err["code"], "message": err["message"]}))
+        if call is not None:  # what was streamed stays in the failed response, as far as it got
+            partial = [_call_item({**call, "function": {"name": forced.name, "arguments": text}}, "incomplete", item_id)]
+        else:
+            partial = [_message_item(item_id, "incomplete", [_text_part(text, logprobs)])] if tools is None and text else []
+        # OpenAI's ResponseError codes name no timeout or abort: the server's side, with our code in the message
+        yield event("response.failed", response=_object(echo, service, "failed", partial, None, {
+            "code": "server_error", "message": f"{err['code']}: {err['message']}"}))

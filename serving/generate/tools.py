@@ -153,17 +153,17 @@ def parse_tools(f: Fields, cfg: GenerateConfig, flat: bool = False) -> ToolCalli
         given = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in given]
     calling = ToolCalling(tools, given, parallel=f.boolean("parallel_tool_calls", True))
     if choice is None or choice == "auto":
+        named = '{"type": "function", "name": ...}' if flat else '{"type": "function", "function": {"name": ...}}'
         raise bad("tool_choice", "\"auto\" is not supported: this model has no tool-call syntax to parse. Force a "
-                                 "call with \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}, "
-                                 "or answer in text with \"none\"")
+                                 f"call with \"required\" or {named}, or answer in text with \"none\"")
     if isinstance(choice, str):
         if choice not in CHOICES:
             raise bad("tool_choice", f"must be one of {', '.join(CHOICES)} or a named function, got {choice!r}")
         calling.required = choice == "required"
         return calling
+    if isinstance(choice, dict) and choice.get("type") != "function":  # before its other fields: `allowed_tools`, ...
+        raise bad("tool_choice.type", f"must be \"function\", got {choice.get('type')!r:.40}")
     named = Fields(choice, {"type", "name"} if flat else {"type", "function"}, "tool_choice.", "tool_choice")
-    if named.raw("type") != "function":
-        raise bad("tool_choice.type", f"must be \"function\", got {named.raw('type')!r}")
     function = named if flat else Fields(named.raw("function"), {"name"}, "tool_choice.function.", "tool_choice.function")
     name = function.raw("name")
     if name not in names:

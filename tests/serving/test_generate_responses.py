@@ -203,6 +203,12 @@ def test_logprobs_come_with_include(client):
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": ["x"]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"type": [], "text": "hi"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": {"a": 1}, "text": "hi"}]}]}, "input[0].content[0].type"),
+    ({"input": "x", "verbosity": "low"}, "verbosity"),
+    ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity"),
+    ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
+     "tool_choice.type"),
     ({"input": "x", "tools": TOOLS}, "tool_choice"),
     ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "required"}, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "a b"}], "tool_choice": "required"}, "tools[0].name"),
@@ -229,8 +235,26 @@ def test_what_the_sdk_sends_by_default_is_taken(client):
     """Fields clients send with their defaults (the Agents SDK's among them) ask for nothing this server lacks."""
     r = ask(client, store=True, truncation="disabled", include=[], parallel_tool_calls=True, service_tier="auto",
             user="u1", safety_identifier="s1", prompt_cache_key="k1", top_p=1.0, tool_choice="none",
-            text={"format": {"type": "text"}, "verbosity": "medium"}, max_output_tokens=4)
+            text={"format": {"type": "text"}, "verbosity": "medium"}, max_output_tokens=4,
+            extra_body={"verbosity": "medium"})  # the SDK's parse sends verbosity at the top
     assert r.store is False and r.output_text
+    assert (r.user, r.safety_identifier, r.prompt_cache_key, r.service_tier) == ("u1", "s1", "k1", "default")
+    assert ask(client, max_output_tokens=2).tool_choice == "auto"  # OpenAI's echo of no tool_choice
+
+
+def test_a_conversation_from_openai_continues_here(client):
+    """OpenAI asks clients to send an assistant message's `phase` back on every turn."""
+    r = ask(client, input=[{"role": "user", "content": "Hi"},
+                           {"type": "message", "role": "assistant", "phase": "final_answer", "status": "completed",
+                            "content": [{"type": "output_text", "text": "Hello!", "annotations": []}]},
+                           {"role": "user", "content": "Bye"}], max_output_tokens=2)
+    assert r.usage.input_tokens > 0
+
+
+def test_auto_is_refused_with_this_dialect_s_spelling_of_a_named_call(smollm2_server):
+    r = requests.post(smollm2_server.url + "/v1/responses", json={"input": "x", "tools": TOOLS}, timeout=60)
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and '{"type": "function", "name": ...}' in message and '"function": {' not in message
 
 
 def test_responses_are_counted_under_their_own_route(client, smollm2_server):
