@@ -4,11 +4,14 @@ Three measurements, each printed as a ratio against the baseline run in the same
 shared machine are noisy; ratios are what to compare across runs):
   (a) N requests sharing a long system prompt, batched: engine vs HF batched generate with left padding;
   (b) single-stream decode tokens/s;
-  (c) time to first token of a repeated long prompt, warm (cached) vs cold.
+  (c) time to first token of a repeated long prompt, warm (cached) vs cold;
+  (d) the per-step logits processors a request can ask for (`logit_bias` on 50 and on 1000 token ids,
+      `min_new_tokens`), each on the same batched greedy decode as a plain run, in alternating rounds.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -68,8 +71,10 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
     path = Path(model) if model else default_model_path()
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     print(f"model={path.name} dtype={dtype} threads={torch.get_num_threads()} device={device}")
-    hf = hf_reference(path, tdtype).to(device)
-    hf.generation_config.eos_token_id = None
+    hf = None
+    if "a" in parts or "b" in parts:  # (c) and (d) are the engine against itself
+        hf = hf_reference(path, tdtype).to(device)
+        hf.generation_config.eos_token_id = None
 
     def engine(**kw: Any) -> Engine:
         return Engine(EngineConfig(model=str(path), dtype=dtype, device=device, num_threads=threads, **kw))
@@ -88,6 +93,8 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         fits("--prefix-tokens / --new-tokens", prefix_tokens + new_tokens)
     if "c" in parts:
         fits("--ttft-tokens", ttft_tokens)
+    if "d" in parts:
+        fits("--new-tokens", new_tokens + 64)
 
     def hf_generate(batch: list[list[int]], n: int) -> tuple[list[list[int]], float]:
         width = max(len(b) for b in batch)
@@ -149,7 +156,65 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         print(f"(c) TTFT of a repeated {len(ids)}-token prompt: cold {cold * 1000:.0f} ms, warm {warm * 1000:.0f} ms, "
               f"warm/cold {warm / cold:.3f} (target <= 0.10)")
         results.update(ttft_warm_over_cold=warm / cold)
+    if "d" in parts:
+        results.update(processor_ratios(eng, requests=requests, new_tokens=new_tokens, rounds=rounds))
     return results
+
+
+def processor_ratios(eng: Any, *, requests: int, new_tokens: int, rounds: int) -> dict[str, float]:
+    """(d): `requests` short chat prompts decoded greedily together for `new_tokens` tokens each, plainly (the
+    engine's argmax-only path) and with each per-step processor, on one engine. Every run writes exactly
+    `new_tokens` tokens per request (plain and biased runs ignore EOS; the `min_new_tokens` run does not, its
+    processor masks EOS for the whole answer instead), so the runs differ only by the processor. The prompts are
+    cached by a warm-up run first, so every timed run prefills the same single token per request. Variants
+    alternate within each round, so load from other jobs hits them alike; each ratio is the median over rounds
+    of the variant's time over that round's plain run."""
+    from generation.config import SamplingParams
+
+    tok = eng.tokenizer
+    prompts = [tok.encode(eng.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]
+                                                    + f" (ticket {i})"}])) for i in range(requests)]
+    vocab = eng.model_config.vocab_size
+    pick = random.Random(0)
+
+    def bias(n: int) -> dict[int, float]:
+        """`n` distinct ids across the vocabulary, small biases of both signs (they may change the answer,
+        never its length: EOS is ignored)."""
+        return {t: (0.5 if k % 2 else -0.5) for k, t in enumerate(pick.sample(range(vocab), min(n, vocab)))}
+
+    variants = {
+        "plain": SamplingParams(max_new_tokens=new_tokens, ignore_eos=True),
+        "logit_bias 50 ids": SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, logit_bias=bias(50)),
+        "logit_bias 1000 ids": SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, logit_bias=bias(1000)),
+        f"min_new_tokens {new_tokens}": SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens),
+    }
+    for params in variants.values():  # warm-up: caches the prompts, and each path runs once untimed
+        eng.generate(prompts, params)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, params in variants.items():
+            outs, secs = _timed(lambda params=params: eng.generate(prompts, params))
+            if any(len(o.token_ids) != new_tokens for o in outs):
+                raise RuntimeError(f"(d) {name}: a request wrote {min(len(o.token_ids) for o in outs)} tokens, "
+                                   f"not {new_tokens}: the runs would not compare")
+            times[name].append(secs)
+    steps = new_tokens * rounds
+    plain = times["plain"]
+    print(f"(d) per-step processors, {requests} requests x {new_tokens} new tokens, greedy, {rounds} alternating "
+          f"rounds (time / plain's in the same round, median; cost per decode step of the whole batch):")
+    print(f"    plain                  {requests * steps / sum(plain):.1f} tok/s, "
+          f"{sum(plain) / steps * 1000:.2f} ms/step")
+    out: dict[str, float] = {}
+    for name, secs in times.items():
+        if name == "plain":
+            continue
+        ratios = sorted(v / p for v, p in zip(secs, plain))
+        median = ratios[len(ratios) // 2]
+        extra_us = (sum(secs) - sum(plain)) / steps * 1e6
+        print(f"    {name:<22} {requests * steps / sum(secs):.1f} tok/s, x{median:.3f} of plain "
+              f"(rounds {' '.join(f'x{r:.3f}' for r in ratios)}), {extra_us:+.0f} us/step")
+        out[f"processor_ratio[{name}]"] = median
+    return out
 
 
 def plot(results: dict[str, float], path: str) -> None:
