@@ -161,15 +161,23 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
     return results
 
 
-def processor_ratios(eng: Any, *, requests: int, new_tokens: int, rounds: int) -> dict[str, float]:
+def processor_ratios(eng: Any, *, requests: int, new_tokens: int, rounds: int, steps: int = 200) -> dict[str, float]:
     """(d): `requests` short chat prompts decoded greedily together for `new_tokens` tokens each, plainly (the
-    engine's argmax-only path) and with each per-step processor, on one engine. Every run writes exactly
-    `new_tokens` tokens per request (plain and biased runs ignore EOS; the `min_new_tokens` run does not, its
-    processor masks EOS for the whole answer instead), so the runs differ only by the processor. The prompts are
-    cached by a warm-up run first, so every timed run prefills the same single token per request. Variants
-    alternate within each round, so load from other jobs hits them alike; each ratio is the median over rounds
-    of the variant's time over that round's plain run."""
+    engine's argmax-only path) and with each per-step processor, on one engine, two ways:
+
+    - whole decodes: every run writes exactly `new_tokens` tokens per request (plain and biased runs ignore EOS;
+      the `min_new_tokens` run does not, its processor masks EOS for the whole answer instead), so the runs differ
+      only by the processor. A warm-up run caches the prompts, so every timed run prefills the same one token per
+      request. Variants alternate within each round so load from other jobs hits them alike; the ratio is the
+      best run's time over plain's best, the per-round ratios show the spread;
+    - the sampler step alone (`generation.sampler.sample`, where the processors run), `steps` times per variant
+      on the same [requests, vocab] logits, for the same rows the engine would make: what a processor costs per
+      decode step without the forward pass around it, which on a CPU is a thousand times larger and as noisy.
+    """
+    import torch
+
     from generation.config import SamplingParams
+    from generation.sampler import sample
 
     tok = eng.tokenizer
     prompts = [tok.encode(eng.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]
@@ -198,22 +206,43 @@ def processor_ratios(eng: Any, *, requests: int, new_tokens: int, rounds: int) -
                 raise RuntimeError(f"(d) {name}: a request wrote {min(len(o.token_ids) for o in outs)} tokens, "
                                    f"not {new_tokens}: the runs would not compare")
             times[name].append(secs)
-    steps = new_tokens * rounds
-    plain = times["plain"]
+
+    # The sampler alone: the engine's own sequences for each variant (processors as add_request builds them),
+    # each with a few output tokens so min_new_tokens is still masking; fresh logits each call, copied untimed.
+    torch.manual_seed(0)
+    logits = torch.randn(requests, vocab)
+    rows = {name: [eng._new_sequence(p, params, None, 0, None, False) for p in prompts]
+            for name, params in variants.items()}
+    for seqs in rows.values():
+        for seq in seqs:
+            seq.output_ids.extend([1, 2])
+    step_s: dict[str, float] = dict.fromkeys(variants, 0.0)
+    for _ in range(steps):
+        for name, seqs in rows.items():
+            fresh = logits.clone()
+            t = time.perf_counter()
+            sample(fresh, seqs)
+            step_s[name] += time.perf_counter() - t
+
+    plain, plain_step = min(times["plain"]), step_s["plain"] / steps
+    decode_steps = new_tokens
     print(f"(d) per-step processors, {requests} requests x {new_tokens} new tokens, greedy, {rounds} alternating "
-          f"rounds (time / plain's in the same round, median; cost per decode step of the whole batch):")
-    print(f"    plain                  {requests * steps / sum(plain):.1f} tok/s, "
-          f"{sum(plain) / steps * 1000:.2f} ms/step")
+          f"rounds; whole decodes (best run / plain's best; per-round ratios) and the sampler step alone "
+          f"({steps} steps of [{requests}, {vocab}] logits each):")
+    print(f"    plain                  {requests * new_tokens / plain:.1f} tok/s, {plain / decode_steps * 1000:.2f} "
+          f"ms/step; sampler {plain_step * 1e6:.0f} us/step")
     out: dict[str, float] = {}
     for name, secs in times.items():
         if name == "plain":
             continue
-        ratios = sorted(v / p for v, p in zip(secs, plain))
-        median = ratios[len(ratios) // 2]
-        extra_us = (sum(secs) - sum(plain)) / steps * 1e6
-        print(f"    {name:<22} {requests * steps / sum(secs):.1f} tok/s, x{median:.3f} of plain "
-              f"(rounds {' '.join(f'x{r:.3f}' for r in ratios)}), {extra_us:+.0f} us/step")
-        out[f"processor_ratio[{name}]"] = median
+        ratio = min(secs) / plain
+        per_round = " ".join(f"x{v / p:.3f}" for v, p in zip(secs, times["plain"]))
+        extra = step_s[name] / steps - plain_step
+        print(f"    {name:<22} {requests * new_tokens / min(secs):.1f} tok/s, x{ratio:.3f} of plain ({per_round}); "
+              f"sampler {step_s[name] / steps * 1e6:.0f} us/step, x{step_s[name] / step_s['plain']:.2f}, "
+              f"{extra * 1e6:+.0f} us = {extra / (plain / decode_steps) * 100:+.2f}% of a decode step")
+        out[f"processor_ratio[{name}]"] = ratio
+        out[f"sampler_ratio[{name}]"] = step_s[name] / step_s["plain"]
     return out
 
 
