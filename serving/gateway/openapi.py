@@ -1,4 +1,4 @@
-"""The gateway's part of `/openapi.json`: the three forwarded routes.
+"""The gateway's part of `/openapi.json`: the forwarded routes.
 
 Their bodies and answers are the upstream's (the generation API's schemas when the upstream is
 `pagoda serve`; vLLM's, SGLang's or llama.cpp's otherwise), so they are documented as objects passed
@@ -22,12 +22,11 @@ ERRORS = {"401": "missing or wrong bearer token", "413": "body over the size lim
 
 
 def openapi() -> dict:
-    def route(summary: str, error: str) -> dict:
+    def route(summary: str, error: str, broken: str = "an error event and data: [DONE]") -> dict:
         headers = {name: {"description": text, "schema": {"type": "string"}} for name, text in HEADERS.items()}
         content = {**json_content(ref("Object"))["content"],
                    "text/event-stream": {"schema": {"type": "string", "description": "the upstream's SSE events; "
-                                                    "a stream the upstream broke ends with an error event and "
-                                                    "data: [DONE]"}}}
+                                                    f"a stream the upstream broke ends with {broken}"}}}
         return {"post": {"summary": summary,
                          "requestBody": {"required": True, **json_content(ref("Object"))},
                          "responses": {"200": {"description": "the upstream's answer, as it sent it",
@@ -39,6 +38,8 @@ def openapi() -> dict:
                                                     "GatewayOpenAIError"),
                       "/v1/completions": route("OpenAI completions, passed to the routed upstream",
                                                "GatewayOpenAIError"),
+                      "/v1/responses": route("OpenAI Responses API, passed to the routed upstream",
+                                             "GatewayOpenAIError", "a typed error event (event: error)"),
                       "/generate": route("SGLang generate, passed to the routed upstream", "Error")},
             "schemas": {"GatewayOpenAIError": {
                 "type": "object", "required": ["error"],

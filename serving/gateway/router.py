@@ -29,7 +29,9 @@ from serving.gateway.rules import Rules
 log = logging.getLogger("pagoda.gateway")
 
 # The gateway's routes and the body field each reads its prompt from.
-PROMPT_FIELDS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/generate": "text"}
+PROMPT_FIELDS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/responses": "input",
+                 "/generate": "text"}
+CONVERSATIONS = {"/v1/chat/completions", "/v1/responses"}  # a list of messages (Responses: or a string)
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,21 @@ def request_state(source: str, path: str, body: dict) -> Any:
             return str(value)
         return value if value not in (None, "", [], {}) else None
     prompt = body.get(PROMPT_FIELDS[path])
-    if path != "/v1/chat/completions":
+    if path == "/v1/responses" and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]  # one user message, as the Responses API reads it
+    if path not in CONVERSATIONS:
         return _text(prompt)
     if not isinstance(prompt, list):
         return None
-    turns = [m for m in prompt if isinstance(m, dict)]
+    turns = [m for m in prompt if isinstance(m, dict) and "role" in m]  # Responses: function calls have no role
     if source == "conversation":
         rendered = [{"role": m.get("role"), "content": _text(m.get("content"))} for m in turns]
         return [t for t in rendered if t["content"]] or None
     users = [m for m in turns if m.get("role") == "user"]
     return _text(users[-1].get("content")) if users else None
+
+
+TEXT_PARTS = ("text", "input_text", "output_text")  # chat's text part; the Responses API's
 
 
 def _text(content: Any) -> str | None:
@@ -83,7 +90,7 @@ def _text(content: Any) -> str | None:
         return content or None
     if isinstance(content, list):
         parts = [p if isinstance(p, str) else p.get("text") for p in content
-                 if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text")]
+                 if isinstance(p, str) or (isinstance(p, dict) and p.get("type") in TEXT_PARTS)]
         text = "\n".join(p for p in parts if isinstance(p, str))
         return text or None
     return None

@@ -1,6 +1,6 @@
 """`GatewayApi`: the gateway as the core's app factory mounts it, its routes and its part of the server's.
 
-The routes are the generation API's (`/v1/chat/completions`, `/v1/completions`, `/generate`) with the
+The routes are the generation API's (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/generate`) with the
 generation API's error shapes (OpenAI's on `/v1/*`), so a client cannot tell the gateway from the server
 behind it except by the `X-Pagoda-*` headers: `X-Pagoda-Route` (the group), `X-Pagoda-Route-Reason`,
 `X-Pagoda-Upstream` (the server that answered) and, when a decision ran, `X-Pagoda-Decision-Ms`. The
@@ -139,7 +139,7 @@ class GatewayApi:
         retries = len(members) - 1 if self.cfg.retry and parsed is not None and parsed.get("stream") is not True else 0
         headers = request_headers(request.headers.items(), g.request_id)
         path = request.full_path if request.query_string else request.path
-        on_break = partial(error_event, g.request_id, request.path.startswith("/v1/"))
+        on_break = partial(error_event, g.request_id, request.path)
         failed: list[UpstreamFailed] = []
         for upstream in members[:1 + retries]:
             sent = self._body_for(upstream, route, parsed, body)
@@ -170,9 +170,15 @@ class GatewayApi:
         return json.dumps(rewritten, ensure_ascii=False).encode()
 
 
-def error_event(request_id: str, openai_shape: bool, failure: Failure, upstream: Upstream) -> bytes:
-    """The event that ends a stream the upstream broke, in the route's error shape, then `[DONE]`. Bound to
-    the request when it is sent: the stream runs after the request context is gone."""
+def error_event(request_id: str, path: str, failure: Failure, upstream: Upstream) -> bytes:
+    """The event that ends a stream the upstream broke, in the route's error shape, then `[DONE]`; on the
+    Responses API its typed `error` event, which ends a stream there (no `[DONE]`; no `sequence_number`, which
+    only the upstream could number). Bound to the request when it is sent: the stream runs after the request
+    context is gone."""
     body = error_body(f"upstream {upstream.group} ({upstream.url}): the stream broke: {failure.words}",
                       failure.type, None, request_id)
-    return (sse(openai_dialect(body) if openai_shape else body) + DONE).encode()
+    if path == "/v1/responses":
+        err = openai_dialect(body)["error"]
+        return sse({"type": "error", "code": err["code"], "message": err["message"], "param": None},
+                   event="error").encode()
+    return (sse(openai_dialect(body) if path.startswith("/v1/") else body) + DONE).encode()

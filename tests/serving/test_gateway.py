@@ -26,7 +26,8 @@ from serving_support import GEN_ENGINE_FLAGS, LONG_LLAMA_BLOCKS, REPO, TINY_BERT
 
 CHAT = [{"role": "system", "content": "the quick brown fox"}, {"role": "user", "content": "a radix tree finds"}]
 # What an upstream makes fresh for every request (ids, timestamps, timings): masked before comparing bytes.
-FRESH = [(re.compile(rb'"id":"[^"]*"'), b'"id":"-"'), (re.compile(rb'"created":\d+'), b'"created":0'),
+FRESH = [(re.compile(rb'"(id|item_id|call_id)":"[^"]*"'), rb'"\1":"-"'),
+         (re.compile(rb'"(created|created_at|completed_at)":\d+'), rb'"\1":0'),
          (re.compile(rb'"e2e_latency":[0-9.e-]+'), b'"e2e_latency":0')]
 
 
@@ -182,7 +183,10 @@ def post(url: str, path: str, body: dict, request_id: str, upstream, **kw) -> re
                          "logprobs": 2}),
     ("/generate", {"text": "paged attention", "sampling_params": {"max_new_tokens": 6, "temperature": 0},
                    "return_logprob": True}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+                       "instructions": "be brief", "max_output_tokens": 6, "temperature": 0}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 8, "top_p": 7}),   # the upstream's 400
+    ("/v1/responses", {"input": "x", "previous_response_id": "resp_1"}),         # the upstream's 400
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}),     # SGLang's shape of it
 ])
 def test_non_streamed_answers_are_the_upstreams_bytes(gateway, edge, path, body):
@@ -210,6 +214,7 @@ def test_the_gateway_adds_its_request_id_for_the_upstream(gateway):
     ("/v1/completions", {"prompt": "hello world", "max_tokens": 6, "temperature": 0, "stream": True, "logprobs": 2}),
     ("/generate", {"text": "the quick", "sampling_params": {"max_new_tokens": 6, "temperature": 0},
                    "stream": True}),
+    ("/v1/responses", {"input": "hello world", "max_output_tokens": 6, "temperature": 0, "stream": True}),
 ])
 def test_streamed_events_are_the_upstreams_bytes(gateway, edge, path, body):
     direct = post(edge.url, path, body, "same-id-2", edge, stream=True)
@@ -217,7 +222,8 @@ def test_streamed_events_are_the_upstreams_bytes(gateway, edge, path, body):
     through = post(gateway.url, path, body, "same-id-2", edge, stream=True)
     b = through.content
     assert through.headers["Content-Type"] == direct.headers["Content-Type"] == "text/event-stream; charset=utf-8"
-    assert masked(b) == masked(a) and b.endswith(b"data: [DONE]\n\n") and b.count(b"\n\n") > 3
+    end = b'"type":"response.incomplete"' if path == "/v1/responses" else b"data: [DONE]\n\n"
+    assert masked(b) == masked(a) and end in b[-2000:] and b.count(b"\n\n") > 3
 
 
 def test_the_openai_sdk_through_the_gateway_equals_it_direct(client, edge):
@@ -535,7 +541,7 @@ def test_stats_and_metrics_describe_each_upstream(gateway, edge):
     assert metric(gateway, "pagoda_gateway_upstream_healthy", upstream=edge.url) == 1
     assert metric(gateway, "pagoda_gateway_upstream_in_flight", upstream=edge.url) == 0
     paths = requests.get(gateway.url + "/openapi.json", timeout=10).json()["paths"]
-    assert {"/v1/chat/completions", "/v1/completions", "/generate", "/health", "/v1/models"} <= set(paths)
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/health", "/v1/models"} <= set(paths)
 
 
 @pytest.mark.slow

@@ -117,6 +117,18 @@ def test_request_state_reads_what_each_input_names():
     assert request_state("last_user", "/v1/completions", {"prompt": [1, 2, 3]}) is None  # token ids: no text
     assert request_state("conversation", "/generate", {"text": "t"}) == "t"
     assert request_state("last_user", path, {"messages": [{"role": "system", "content": "s"}]}) is None
+    # the Responses API: a string is one user message; items with parts, and function calls (no role) skipped
+    items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "refund"}]},
+                       {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                       {"type": "function_call_output", "call_id": "c", "output": "done"},
+                       {"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "ok", "annotations": []}]},
+                       {"role": "user", "content": "and cancel"}]}
+    assert request_state("last_user", "/v1/responses", {"input": "hello"}) == "hello"
+    assert request_state("last_user", "/v1/responses", items) == "and cancel"
+    assert request_state("conversation", "/v1/responses", items) == [
+        {"role": "user", "content": "refund"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and cancel"}]
 
 
 def test_explicit_model_names_a_group_only_when_allowed(tmp_path):

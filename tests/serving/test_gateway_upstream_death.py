@@ -82,12 +82,15 @@ def test_an_upstream_sigkilled_mid_answer_ends_each_stream_with_an_error_event(s
     native_r = requests.post(gw.url + "/generate", stream=True, timeout=30, json={
         "text": "Once upon a time", "stream": True,
         "sampling_params": {"max_new_tokens": LONG, "temperature": 0, "ignore_eos": True}})
-    assert chat_r.status_code == native_r.status_code == 200
+    responses_r = requests.post(gw.url + "/v1/responses", stream=True, timeout=30, json={
+        "input": "Tell me a story.", "max_output_tokens": LONG, "temperature": 0, "stream": True, "ignore_eos": True})
+    assert chat_r.status_code == native_r.status_code == responses_r.status_code == 200
     assert chat_r.headers["X-Pagoda-Upstream"] == native_r.headers["X-Pagoda-Upstream"] == up.url
-    chat, native = Events(chat_r), Events(native_r)
+    chat, native, typed = Events(chat_r), Events(native_r), Events(responses_r)
     chat_before, native_before = chat.take(BEFORE_KILL), native.take(BEFORE_KILL)
-    # All three are mid-answer: the upstream is still generating each (none had its last event).
-    assert requests.get(up.url + "/stats", timeout=10).json()["generation"]["running_requests"] == 3
+    typed_before = typed.take(BEFORE_KILL + 2)  # created, in_progress, item and part added, text deltas
+    # All four are mid-answer: the upstream is still generating each (none had its last event).
+    assert requests.get(up.url + "/stats", timeout=10).json()["generation"]["running_requests"] == 4
     assert all(c.choices[0].finish_reason is None for c in sdk_before if c.choices)
 
     up.kill()  # SIGKILL to the upstream's process group (gunicorn's master and its worker)
@@ -131,6 +134,18 @@ def test_an_upstream_sigkilled_mid_answer_ends_each_stream_with_an_error_event(s
     for event in [*native_before, *native_after[:-2]]:
         assert data(event)["meta_info"]["finish_reason"] is None and "text" in data(event)
 
+    # The Responses API: its typed events, then its own `error` event, which ends a stream there (no [DONE]).
+    typed_after = typed.rest()
+    assert time.monotonic() - killed < AFTER_KILL_S
+    *whole, last = [e.split(b"\n", 1) for e in typed_before + typed_after]
+    assert last[0] == b"event: error"
+    assert data(last[1]) == {"type": "error", "code": "upstream_reset", "param": None,
+                             "message": data(last[1])["message"]}
+    assert f"upstream smol ({up.url}): the stream broke" in data(last[1])["message"]
+    assert all(name == b"event: " + data(event)["type"].encode() for name, event in whole)
+    assert {data(event)["type"] for _, event in whole} >= {"response.created", "response.output_text.delta"}
+    assert not any(data(event)["type"] == "response.completed" for _, event in whole)
+
     # The gateway is still up and answers at once: 502 with a JSON body naming the upstream. The first
     # request may still reach the dying upstream's listening socket (the kernel accepts it, then resets it:
     # `upstream_reset`); once that is gone it is a refused connection (`upstream_unreachable`).
@@ -154,7 +169,7 @@ def test_an_upstream_sigkilled_mid_answer_ends_each_stream_with_an_error_event(s
     body = refused("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}, "stream": True})
     assert body is not None and body["request_id"] == body["X-Request-ID"]
     assert requests.get(gw.url + "/health", timeout=5).status_code == 200
-    assert metric(gw, "pagoda_gateway_upstream_errors_total", upstream=up.url, kind="reset") >= 3
+    assert metric(gw, "pagoda_gateway_upstream_errors_total", upstream=up.url, kind="reset") >= 4
     assert metric(gw, "pagoda_gateway_upstream_in_flight", upstream=up.url) == 0  # no relay left holding on
 
     # The upstream comes back on the same port: the gateway takes it back and a whole stream goes through.
