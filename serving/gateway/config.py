@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from serving.config import FrontSettings
+from serving.config import MAX_WORKERS, FrontSettings
 from serving.decide.config import DecideConfig
 from serving.decide.mapping_file import read_mapping
 from serving.flags import MAX_TORCH_THREADS, option
@@ -46,8 +46,8 @@ class GatewayConfig(FrontSettings):
     config: str | None = option(None, "YAML or JSON file of these settings by name, read under the variables")
     host: str = option("127.0.0.1", "bind address")
     port: int = option(8080, "bind port (0 picks a free one)", minimum=0, maximum=65535)
-    workers: int = option(1, "gunicorn worker processes; each has its own connection pools, health checks and "
-                             "decision model", minimum=1)
+    workers: int = option(1, f"gunicorn worker processes, 1-{MAX_WORKERS}; each has its own connection pools, "
+                             "health checks and decision model", minimum=1, maximum=MAX_WORKERS)
     threads: int = option(128, "request threads per worker: one per request in flight, a stream holds one until "
                                "its last event", minimum=1)
     api_key: str | None = option(None, "require `Authorization: Bearer <key>` (environment only)", env_only=True)

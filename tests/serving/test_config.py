@@ -84,6 +84,9 @@ def test_serve_refuses_a_worker_count_past_its_bound(monkeypatch, capsys):
     rc = main(["serve", "--workers", "99999", "--generate-model", "none"])
     err = capsys.readouterr().err
     assert rc == 2 and err == "pagoda serve: error: --workers / PAGODA_WORKERS must be in 1..256, got 99999\n", err
+    rc = main(["gateway", "--workers", "99999", "--upstream", "edge=http://127.0.0.1:9"])  # the same bound
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "pagoda gateway: error: --workers / PAGODA_WORKERS must be in 1..256, got 99999\n", err
 
 
 def test_an_api_section_gets_its_own_flags_and_variables():
