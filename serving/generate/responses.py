@@ -16,6 +16,7 @@ call is constrained decoding, `"auto"` is refused. A finish by length is status 
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -300,7 +301,7 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
     calls of `"required"` are read whole, so each comes complete once the list has ended."""
     from generation.engine import TokenEvent
 
-    seq = iter(range(1 << 62))
+    seq = itertools.count()
     tools = run.req.tools if run.req.tools is not None and run.req.tools.calls_forced else None
     forced = tools.forced if tools is not None else None
 
