@@ -187,6 +187,15 @@ def in_dialect(body: dict, path: str | None, dialects: Mapping[str, Dialect]) ->
 
 
 DIALECTS_KEY = "pagoda.error_dialects"  # app.extensions: the front finds the dialects there
+# environ: a threading.Event the front sets when the client closes its connection while its request runs
+# (`serving.server.Front._watch_peer`), so work nobody will read can stop (`client_gone`)
+PEER_GONE_KEY = "pagoda.peer_gone"
+
+
+def client_gone() -> ApiError:
+    """The answer to a client that closed its connection first: nobody reads it, but the access log and the
+    metrics do (nginx's 499)."""
+    return ApiError(499, "the client closed the connection before the answer was ready", "client_closed")
 
 
 def install(app: Flask, max_body_bytes: int, dialects: Mapping[str, Dialect]) -> None:

@@ -48,7 +48,7 @@ from gunicorn.workers.base import Worker
 
 from serving.access_log import access_log
 from serving.config import FrontSettings, ServeConfig
-from serving.errors import DIALECTS_KEY, error_body, in_dialect
+from serving.errors import DIALECTS_KEY, PEER_GONE_KEY, error_body, in_dialect
 from serving.ready_board import ReadyBoard
 
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
@@ -334,7 +334,7 @@ class Front:
                     return
                 if request is None:
                     return
-                keep = await self._answer(conn, writer, request, peer, local)
+                keep = await self._answer(conn, reader, writer, request, peer, local)
                 if not keep or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -471,16 +471,35 @@ class Front:
 
     # ---- answering ----------------------------------------------------------------------------------------
 
-    async def _answer(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: tuple[h11.Request, bytes],
-                      peer, local) -> bool:
+    async def _answer(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      request: tuple[h11.Request, bytes], peer, local) -> bool:
         """Run the app on a request thread; False when the connection must close after it."""
         head, body = request
         environ = self._environ(head, body, peer, local)
+        gone = environ[PEER_GONE_KEY] = threading.Event()
+        watch = self.loop.create_task(self._watch_peer(conn, reader, gone))
         self.busy += 1
         try:
             return await self.loop.run_in_executor(self.pool, self._run_app, environ, conn, writer)
         finally:
             self.busy -= 1
+            watch.cancel()
+
+    async def _watch_peer(self, conn: h11.Connection, reader: asyncio.StreamReader, gone: threading.Event) -> None:
+        """While the app runs: set `gone` when the client closes its connection, so a request that writes nothing
+        until its end (a whole answer, not a stream) stops generating for nobody. What arrives meanwhile (a
+        pipelined next request) goes to h11's buffer, up to one request's worth; past that the watch stops
+        reading, and the client is noticed at the answer's first write instead. A client that only shuts down
+        its sending side counts as gone, as in uvicorn (which vLLM runs on)."""
+        lim = self.limits
+        room = lim.max_header_bytes + lim.max_body_bytes
+        while room > 0:
+            data = await reader.read(min(_READ_CHUNK, room))
+            if not data:
+                gone.set()
+                return
+            conn.receive_data(data)
+            room -= len(data)
 
     def _run_app(self, environ: dict, conn: h11.Connection, writer: asyncio.StreamWriter) -> bool:
         """On a request thread: the app's response, each chunk written through the loop as it comes (`_Output`

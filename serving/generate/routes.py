@@ -16,7 +16,7 @@ from typing import Any
 from flask import Blueprint, g, request
 from prometheus_client import CollectorRegistry
 
-from serving.errors import parse_json
+from serving.errors import PEER_GONE_KEY, parse_json
 from serving.generate import openai, responses, sglang
 from serving.generate.config import GenerateConfig
 from serving.generate.openapi import openapi
@@ -101,12 +101,12 @@ class GenerateApi:
 
     def _openai(self, parse: Callable, answer: Callable, stream: Callable) -> Any:
         req = parse(self._body(), self.cfg)
-        run = self.service.start(req, g.t0)
+        run = self.service.start(req, g.t0, gone=_peer_gone())
         return event_stream(stream(run, self.service, g.request_id), run) if req.stream else answer(run, self.service)
 
     def responses(self) -> Any:
         req, echo = responses.responses_request(self._body(), self.cfg)
-        run = self.service.start(req, g.t0)
+        run = self.service.start(req, g.t0, gone=_peer_gone())
         if req.stream:
             return event_stream(responses.stream(run, self.service, echo, g.request_id), run)
         return responses.answer(run, self.service, echo)
@@ -129,7 +129,7 @@ class GenerateApi:
 
     def generate(self) -> Any:
         req = generate_request(self._body(), self.cfg)
-        run = self.service.start(req, g.t0, lambda ids: sglang.prompt_logprobs_from(req, ids))
+        run = self.service.start(req, g.t0, lambda ids: sglang.prompt_logprobs_from(req, ids), _peer_gone())
         if req.stream:
             return event_stream(sglang.generate_stream(run, self.service, g.request_id), run)
         return sglang.generate(run, self.service)
@@ -185,6 +185,12 @@ class GenerateApi:
 
     def _body(self) -> Any:
         return parse_json(request.get_data(cache=False))
+
+
+def _peer_gone() -> Any:
+    """The front's flag for this request's client having gone (absent where no pagoda front runs the app: a
+    test client)."""
+    return request.environ.get(PEER_GONE_KEY)
 
 
 def _version() -> str:

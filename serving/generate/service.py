@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from generation.config import InvalidParam, SamplingParams
-from serving.errors import ApiError
+from serving.errors import ApiError, client_gone
 from serving.generate.body import bad
 from serving.generate.config import GenerateConfig
 from serving.generate.metrics import GenerateMetrics
@@ -29,6 +29,7 @@ from serving.generate.schema import Request
 log = logging.getLogger("pagoda.serve")
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
 SETTLE_S = 0.5  # how long a request ended by one choice's deadline waits for its other choices' (`Run._settle`)
+GONE_POLL_S = 0.1  # while no event comes, how often a run looks whether its client has gone
 
 
 def body_field(req: Request, field: str, default: str | None = None, prompt: int = 0) -> str:
@@ -80,8 +81,10 @@ class Run:
     want; closing it early (a client gone) aborts every choice, so their blocks return to the pool."""
 
     def __init__(self, service: Service, req: Request, batch: Any, prompt_ids: list[list[int]], t0: float,
-                 deadline: float):
+                 deadline: float, gone: threading.Event | None = None):
+        """`gone`: set when the client has closed its connection (`serving.errors.PEER_GONE_KEY`)."""
         self.service = service
+        self.gone = gone
         self.req = req
         self.batch = batch
         self.prompt_ids = prompt_ids
@@ -105,9 +108,15 @@ class Run:
         left = self.n_choices
         try:
             while left:
+                if self.gone is not None and self.gone.is_set():
+                    raise client_gone()
+                remaining = self.deadline + DRAIN_GRACE_S - time.monotonic()
+                wait = max(1.0, remaining) if self.gone is None else min(GONE_POLL_S, max(0.0, remaining))
                 try:
-                    event = self.batch.events.get(timeout=max(1.0, self.deadline + DRAIN_GRACE_S - time.monotonic()))
+                    event = self.batch.events.get(timeout=wait)
                 except queue.Empty:
+                    if self.gone is not None and remaining > GONE_POLL_S:
+                        continue  # look at the client again
                     raise ApiError(504, "the engine did not answer in time", "timeout") from None
                 now = time.monotonic()
                 if isinstance(event, GenerationOutput):
@@ -319,9 +328,11 @@ class Service:
         return params
 
     def start(self, req: Request, t0: float,
-              scoring: Callable[[list[list[int]]], list[int] | None] | None = None) -> Run:
+              scoring: Callable[[list[list[int]]], list[int] | None] | None = None,
+              gone: threading.Event | None = None) -> Run:
         """Submit every prompt x n choices at once (all or none). `scoring(prompt_ids)[i]`: score prompt
-        i's tokens from that index on (SGLang's `logprob_start_len`, as its dialect reads it)."""
+        i's tokens from that index on (SGLang's `logprob_start_len`, as its dialect reads it); `gone`: the
+        client's connection closed (the run then aborts, whether or not it streams)."""
         loop = self.ready()
         self.check_model(req.model)
         tools = req.tools.definitions if req.tools is not None else None
@@ -346,7 +357,7 @@ class Service:
                 pins.append(pin)
         deadline = t0 + self.cfg.deadline_s
         batch = self._submit(loop, prompts, params, pins, deadline, req)
-        return Run(self, req, batch, prompt_ids, t0, deadline)
+        return Run(self, req, batch, prompt_ids, t0, deadline, gone)
 
     def _submit(self, loop: Any, prompts: list, params: list, pins: list, deadline: float, req: Request) -> Any:
         from generation.engine_loop import QueueFull

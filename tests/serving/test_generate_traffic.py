@@ -98,6 +98,39 @@ def test_a_client_that_hangs_up_aborts_and_frees_its_blocks(gen, read_events):
     assert stats["finished"]["completions"].get("abort", 0) > before["finished"].get("completions", {}).get("abort", 0)
 
 
+@pytest.mark.parametrize("path, body, route", [
+    ("/v1/completions", {"prompt": "the quick brown fox", "max_tokens": 512, "temperature": 0, "ignore_eos": True},
+     "completions"),
+    ("/v1/responses", {"input": "the quick brown fox", "max_output_tokens": 512, "temperature": 0,
+                       "ignore_eos": True}, "responses"),
+    ("/generate", {"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 512, "ignore_eos": True,
+                                                                      "temperature": 0}}, "generate"),
+])
+def test_a_client_that_hangs_up_before_a_whole_answer_aborts_it_too(gen, path, body, route):
+    """A request answered whole writes nothing until its end, so no failed write tells the server its client
+    left: the front watches the connection and the run stops within a poll (before, it ran all 512 tokens)."""
+    before = engine_stats(gen)
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", gen.port), timeout=30) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+                     + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        deadline = time.monotonic() + 30
+        while engine_stats(gen)["running_requests"] == 0:  # it is generating: then the client goes
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = engine_stats(gen)
+        aborted = stats["finished"].get(route, {}).get("abort", 0) > before["finished"].get(route, {}).get("abort", 0)
+        if aborted and stats["running_requests"] == stats["waiting_requests"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats["finished"][route]["abort"] == before["finished"].get(route, {}).get("abort", 0) + 1
+    assert stats["running_requests"] == stats["waiting_requests"] == 0
+    assert stats["output_tokens"] - before["output_tokens"] < 512  # cut short, not run to the end
+    assert requests.get(gen.url + "/health", timeout=10).status_code == 200
+
+
 def completions_counted(stats: dict) -> int:
     """/v1/completions requests the engine stats have counted as finished, whatever their reason."""
     return sum(stats["finished"].get("completions", {}).values())
