@@ -96,7 +96,7 @@ def test_a_server_that_exits_is_named_by_the_bench_that_started_it():
     """`bench soak` and `bench gateway` start servers too, and their errors said `bench serve`. (Both servers
     refuse their flags before they bind a port.)"""
     with pytest.raises(SystemExit, match=r"^pagoda bench soak: error: the server exited \(exit code 2\): pagoda serve: "
-                                         r"error: --workers / PAGODA_WORKERS must be at least 1"):
+                                         r"error: --workers / PAGODA_WORKERS must be in 1..256, got 0"):
         ServerProcess(["--workers", "0"], command="bench soak").wait_ready(timeout=120)
     with pytest.raises(SystemExit, match=r"^pagoda bench gateway: error: the gateway exited \(exit code 2\): pagoda "
                                          r"gateway: error: --upstream / PAGODA_UPSTREAM: 'nonsense' is not NAME=URL"):
