@@ -494,7 +494,10 @@ class Front:
         lim = self.limits
         room = lim.max_header_bytes + lim.max_body_bytes
         while room > 0:
-            data = await reader.read(min(_READ_CHUNK, room))
+            try:
+                data = await reader.read(min(_READ_CHUNK, room))
+            except (ConnectionError, OSError):  # a reset (RST: a killed client, a proxy's timeout) is gone too
+                data = b""
             if not data:
                 gone.set()
                 return

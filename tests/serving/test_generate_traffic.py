@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 
@@ -106,7 +107,8 @@ def test_a_client_that_hangs_up_aborts_and_frees_its_blocks(gen, read_events):
     ("/generate", {"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 512, "ignore_eos": True,
                                                                       "temperature": 0}}, "generate"),
 ])
-def test_a_client_that_hangs_up_before_a_whole_answer_aborts_it_too(gen, path, body, route):
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_client_that_hangs_up_before_a_whole_answer_aborts_it_too(gen, path, body, route, reset):
     """A request answered whole writes nothing until its end, so no failed write tells the server its client
     left: the front watches the connection and the run stops within a poll (before, it ran all 512 tokens)."""
     before = engine_stats(gen)
@@ -118,6 +120,8 @@ def test_a_client_that_hangs_up_before_a_whole_answer_aborts_it_too(gen, path, b
         while engine_stats(gen)["running_requests"] == 0:  # it is generating: then the client goes
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        if reset:  # RST instead of FIN, as a killed client or a proxy's timeout sends it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         stats = engine_stats(gen)
