@@ -192,6 +192,9 @@ DIALECTS_KEY = "pagoda.error_dialects"  # app.extensions: the front finds the di
 PEER_GONE_KEY = "pagoda.peer_gone"
 
 
+REASONS = {499: "Client Closed Request"}  # statuses outside the HTTP registry (werkzeug says UNKNOWN): nginx's name
+
+
 def client_gone() -> ApiError:
     """The answer to a client that closed its connection first: nobody reads it, but the access log and the
     metrics do (nginx's 499)."""
@@ -202,9 +205,9 @@ def install(app: Flask, max_body_bytes: int, dialects: Mapping[str, Dialect]) ->
     app.extensions[DIALECTS_KEY] = dict(dialects)
 
     def respond(status: int, message: str, type_: str, field: str | None = None,
-                headers: dict | None = None) -> tuple[dict, int, dict]:
+                headers: dict | None = None) -> tuple[dict, int | str, dict]:
         body = in_dialect(error_body(message, type_, field, g.get("request_id")), request.path, dialects)
-        return body, status, headers or {}
+        return body, f"{status} {REASONS[status]}" if status in REASONS else status, headers or {}
 
     @app.errorhandler(InputError)
     def input_error(exc: InputError):

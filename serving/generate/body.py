@@ -16,7 +16,8 @@ from serving.errors import ApiError
 MAX_STOP = 16
 # Unsupported values that ask for nothing, so clients that send their defaults explicitly still work.
 HARMLESS = {"stop_regex": [], "spaces_between_special_tokens": True, "no_stop_trim": False,
-            "store": False, "include_stop_str_in_output": False}
+            "store": False, "include_stop_str_in_output": False, "continue_final_message": False,
+            "chat_template_kwargs": {}, "mm_processor_kwargs": {}}
 
 
 def bad(where: str, message: str) -> ApiError:

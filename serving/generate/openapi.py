@@ -112,7 +112,10 @@ def openapi(cfg: GenerateConfig) -> dict:
                 "description": "a forced call (required, or a named function) is constrained decoding; \"auto\" "
                                "(the default once tools are given) is refused: this model has no tool-call syntax"},
             "parallel_tool_calls": {"type": "boolean", "description": "false: \"required\" makes exactly one call"},
-            "store": {"enum": [False], "description": "only false: nothing is stored"}}, CHAT_FIELDS, ["messages"]),
+            "store": {"enum": [False], "description": "only false: nothing is stored"},
+            "continue_final_message": {"enum": [False], "description": "vLLM's; only false"},
+            "chat_template_kwargs": {"type": "object", "maxProperties": 0, "description": "vLLM's; only {}"}},
+            CHAT_FIELDS, ["messages"]),
         "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
                            "properties": {"id": string, "object": {"enum": ["chat.completion"]}, "created": integer,
                                           "model": string, "usage": usage, "choices": {"type": "array", "items": {
@@ -187,7 +190,11 @@ def openapi(cfg: GenerateConfig) -> dict:
             "add_generation_prompt": {"type": "boolean", "description": "messages only; default true"},
             "tools": {"type": "array", "items": {"type": "object"}, "description": "messages only: what the chat "
                                                                                  "template is shown"},
-            "return_token_strs": boolean}, TOKENIZE_FIELDS, []),
+            "return_token_strs": boolean,
+            "continue_final_message": {"enum": [False], "description": "vLLM's; only false"},
+            "chat_template_kwargs": {"type": "object", "maxProperties": 0, "description": "vLLM's; only {}"},
+            "mm_processor_kwargs": {"type": "object", "maxProperties": 0, "description": "vLLM's; only {}"}},
+            TOKENIZE_FIELDS, []),
         "Tokenized": {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
             "count": integer, "max_model_len": integer, "tokens": ids,
             "token_strs": {"type": ["array", "null"], "items": string}}},

@@ -165,7 +165,7 @@ class GenerateApi:
     def tokenize(self) -> dict:
         """The ids the generation routes would feed the model for this prompt or conversation, counted even
         past the prompt limit (a client asks in order to know whether it fits)."""
-        req = tokenize_request(self._body())
+        req = tokenize_request(self._body(), self.cfg)
         self.service.ready()
         self.service.check_model(req.model)
         ids = self.service.tokens(req.prompt, req.where, req.add_generation_prompt, req.tools)

@@ -21,7 +21,7 @@ from typing import Any
 from generation.config import TEMPERATURE_RANGE
 from serving.generate.body import BodyConstraint, Fields, bad
 from serving.generate.config import GenerateConfig
-from serving.generate.tools import ToolCalling, parse_tools
+from serving.generate.tools import ToolCalling, parse_tools, tool_list
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -32,7 +32,7 @@ OPENAI_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequenc
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stop", "stream", "stream_options",
                "logprobs", "top_logprobs", "response_format", "structured_outputs", "stop_token_ids", "user",
                "tools", "tool_choice", "parallel_tool_calls", "store", "include_stop_str_in_output",
-               *OPENAI_SAMPLING}
+               "continue_final_message", "chat_template_kwargs", *OPENAI_SAMPLING}
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stop", "stream", "stream_options", "logprobs", "echo",
                      "response_format", "structured_outputs", "stop_token_ids", "user", "include_stop_str_in_output",
                      *OPENAI_SAMPLING}
@@ -44,7 +44,7 @@ SGLANG_SAMPLING = {"max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_
                    "sampling_seed", "logit_bias", "regex", "json_schema", "ebnf"}
 PIN_FIELDS = {"text", "messages", "input_ids"}
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "tools",
-                   "return_token_strs"}
+                   "return_token_strs", "continue_final_message", "chat_template_kwargs", "mm_processor_kwargs"}
 DETOKENIZE_FIELDS = {"model", "tokens"}
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default
 # A temperature in [0, this) is greedy on every route: the engine's least temperature (vLLM reads those as greedy
@@ -167,6 +167,8 @@ def _openai_constraint(f: Fields) -> BodyConstraint | None:
 def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     f = Fields(body, CHAT_FIELDS)
     f.harmless("store")  # "keep nothing": what this server does anyway
+    for name in ("continue_final_message", "chat_template_kwargs"):
+        f.harmless(name)  # vLLM's, which its clients send at these values
     messages = f.raw("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")
@@ -409,8 +411,10 @@ class TokenizeRequest:
     return_token_strs: bool
 
 
-def tokenize_request(body: Any) -> TokenizeRequest:
+def tokenize_request(body: Any, cfg: GenerateConfig) -> TokenizeRequest:
     f = Fields(body, TOKENIZE_FIELDS)
+    for name in ("continue_final_message", "chat_template_kwargs", "mm_processor_kwargs"):
+        f.harmless(name)  # vLLM's, which its clients send at these values
     if f.has("prompt") == f.has("messages"):
         raise bad("prompt", "give exactly one of prompt or messages")
     if f.has("prompt"):
@@ -426,8 +430,8 @@ def tokenize_request(body: Any) -> TokenizeRequest:
             raise bad("messages", "must be a non-empty list of messages")
         prompt, where = [_message(m, i) for i, m in enumerate(messages)], "messages"
     tools = f.raw("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise bad("tools", "must be a list of tool objects (as chat takes them)")
+    if tools is not None:
+        tool_list(tools, cfg)  # as chat checks them
     model = f.raw("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")

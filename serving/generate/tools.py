@@ -140,15 +140,8 @@ def parse_tools(f: Fields, cfg: GenerateConfig, flat: bool = False) -> ToolCalli
             f.boolean("parallel_tool_calls")
         return None
     given = f.raw("tools")
-    if not isinstance(given, list) or not given:
-        raise bad("tools", "must be a non-empty list of tools")
-    if len(given) > cfg.max_tools:
-        raise bad("tools", f"at most {cfg.max_tools} tools (--generate-max-tools), got {len(given)}")
-    tools = [_tool(t, i, flat) for i, t in enumerate(given)]
+    tools = tool_list(given, cfg, flat)
     names = [t.name for t in tools]
-    twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
-    if twice is not None:
-        raise bad(f"{tools[twice].where}.name", f"{names[twice]!r} is defined twice")
     if flat:  # the chat template reads chat's spelling, as transformers passes it
         given = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in given]
     calling = ToolCalling(tools, given, parallel=f.boolean("parallel_tool_calls", True))
@@ -170,6 +163,20 @@ def parse_tools(f: Fields, cfg: GenerateConfig, flat: bool = False) -> ToolCalli
         raise bad(function.where("name"), f"{name!r} is not one of the tools ({', '.join(names)})")
     calling.forced = tools[names.index(name)]
     return calling
+
+
+def tool_list(given: Any, cfg: GenerateConfig, flat: bool = False) -> list[Tool]:
+    """A body's `tools`, each checked (`/tokenize` reads them too, to render the chat template as chat does)."""
+    if not isinstance(given, list) or not given:
+        raise bad("tools", "must be a non-empty list of tools")
+    if len(given) > cfg.max_tools:
+        raise bad("tools", f"at most {cfg.max_tools} tools (--generate-max-tools), got {len(given)}")
+    tools = [_tool(t, i, flat) for i, t in enumerate(given)]
+    names = [t.name for t in tools]
+    twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise bad(f"{tools[twice].where}.name", f"{names[twice]!r} is defined twice")
+    return tools
 
 
 FUNCTION_FIELDS = {"name", "description", "parameters", "strict"}

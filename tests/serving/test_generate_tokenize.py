@@ -65,6 +65,11 @@ def test_a_prompt_past_the_limit_is_still_counted(tight):
     ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
     ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, 400, "add_generation_prompt"),
     ("/tokenize", {"messages": CHAT, "tools": "x"}, 400, "tools"),
+    ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools[0].function"),
+    ("/tokenize", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, 400,
+     "tools[0].function.name"),
+    ("/tokenize", {"messages": CHAT, "continue_final_message": True}, 400, "continue_final_message"),
+    ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}, 400, "chat_template_kwargs"),
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
     ("/tokenize", {"prompt": "a", "truncate": 3}, 400, "truncate"),
     ("/tokenize", {"prompt": "a", "model": "gpt-4o"}, 404, "model"),
@@ -77,3 +82,13 @@ def test_bad_bodies_name_the_field_in_openai_s_shape(smollm2_server, path, body,
     r = post(smollm2_server, path, body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_what_vllm_clients_send_at_their_defaults_is_taken(smollm2_server):
+    base = post(smollm2_server, "/tokenize", {"messages": CHAT}).json()
+    r = post(smollm2_server, "/tokenize", {"messages": CHAT, "continue_final_message": False,
+                                          "chat_template_kwargs": {}, "mm_processor_kwargs": {}})
+    assert r.status_code == 200 and r.json() == base
+    chat = post(smollm2_server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1,
+                                                          "continue_final_message": False, "chat_template_kwargs": {}})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == base["count"]

@@ -135,6 +135,21 @@ def test_a_client_that_hangs_up_before_a_whole_answer_aborts_it_too(gen, path, b
     assert requests.get(gen.url + "/health", timeout=10).status_code == 200
 
 
+def test_a_client_that_half_closes_is_gone_and_can_read_why(gen):
+    """shutdown(SHUT_WR) after the request: gone, as uvicorn reads it, but the socket can still take the 499."""
+    data = json.dumps({"prompt": "the quick brown fox", "max_tokens": 512, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", gen.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 499 Client Closed Request\r\n"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "client_closed"
+
+
 def completions_counted(stats: dict) -> int:
     """/v1/completions requests the engine stats have counted as finished, whatever their reason."""
     return sum(stats["finished"].get("completions", {}).values())
