@@ -92,3 +92,24 @@ def test_what_vllm_clients_send_at_their_defaults_is_taken(smollm2_server):
     chat = post(smollm2_server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1,
                                                           "continue_final_message": False, "chat_template_kwargs": {}})
     assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == base["count"]
+
+
+def test_add_special_tokens_false_drops_the_bos_a_tokenizer_adds(smollm2_server):
+    """No test model's tokenizer adds a BOS (SmolLM2's does not), so the app runs in-process on one that does."""
+    from generation import Engine, EngineConfig
+    from generation.tokenizer import TextTokenizer
+    from serving.app import create_app
+    from serving.config import ServeConfig
+    from serving.generate.routes import GenerateApi
+
+    engine = Engine(EngineConfig(model=str(smollm2_server.folder), block_size=4, num_blocks=64, num_threads=1))
+    tok = engine.tokenizer
+    engine.tokenizer = TextTokenizer(tok.tok, chat_template=tok.chat_template, bos_token="<|im_start|>",
+                                     eos_token=tok.eos_token, add_bos=True)
+    cfg = ServeConfig.from_sources({"generate_only": True}, env={})
+    app = create_app(cfg, apis=[GenerateApi(cfg.generate, str(smollm2_server.folder), engine=engine)])
+    bos = engine.tokenizer.bos_id
+    with app.test_client() as http:
+        with_bos = http.post("/tokenize", json={"prompt": "hello world"}).get_json()["tokens"]
+        without = http.post("/tokenize", json={"prompt": "hello world", "add_special_tokens": False}).get_json()
+    assert with_bos[0] == bos and without["tokens"] == with_bos[1:] and without["count"] == len(with_bos) - 1
