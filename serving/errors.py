@@ -17,6 +17,7 @@ import logging
 import math
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -187,9 +188,46 @@ def in_dialect(body: dict, path: str | None, dialects: Mapping[str, Dialect]) ->
 
 
 DIALECTS_KEY = "pagoda.error_dialects"  # app.extensions: the front finds the dialects there
-# environ: a threading.Event the front sets when the client closes its connection while its request runs
+# environ: a `PeerGone` the front sets when the client closes its connection while its request runs
 # (`serving.server.Front._watch_peer`), so work nobody will read can stop (`client_gone`)
 PEER_GONE_KEY = "pagoda.peer_gone"
+
+
+class PeerGone(threading.Event):
+    """Set when a request's client has gone. A handler that computes between events polls it; one whose thread
+    is blocked elsewhere (the gateway, waiting on an upstream socket) cannot, so it registers a callback
+    (`when_set`) that unblocks it from the setter's thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._calls: dict[int, Callable[[], None]] = {}
+        self._next = 0
+
+    def set(self) -> None:
+        with self._lock:
+            super().set()
+            calls, self._calls = list(self._calls.values()), {}
+        for call in calls:
+            try:
+                call()
+            except Exception:  # noqa: BLE001 -- the setter is the front's event loop: it must go on
+                log.exception("a peer-gone callback failed")
+
+    def when_set(self, call: Callable[[], None]) -> Callable[[], None]:
+        """Run `call` once the client has gone (at once if it already has); returns what cancels it."""
+        with self._lock:
+            if not self.is_set():
+                key = self._next
+                self._next += 1
+                self._calls[key] = call
+                return lambda: self._cancel(key)
+        call()
+        return lambda: None
+
+    def _cancel(self, key: int) -> None:
+        with self._lock:
+            self._calls.pop(key, None)
 
 
 REASONS = {499: "Client Closed Request"}  # statuses outside the HTTP registry (werkzeug says UNKNOWN): nginx's name

@@ -48,7 +48,7 @@ from gunicorn.workers.base import Worker
 
 from serving.access_log import access_log
 from serving.config import FrontSettings, ServeConfig
-from serving.errors import DIALECTS_KEY, PEER_GONE_KEY, error_body, in_dialect
+from serving.errors import DIALECTS_KEY, PEER_GONE_KEY, PeerGone, error_body, in_dialect
 from serving.ready_board import ReadyBoard
 
 WORKER_BOOT_ERROR = 3  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halts on it
@@ -476,7 +476,7 @@ class Front:
         """Run the app on a request thread; False when the connection must close after it."""
         head, body = request
         environ = self._environ(head, body, peer, local)
-        gone = environ[PEER_GONE_KEY] = threading.Event()
+        gone = environ[PEER_GONE_KEY] = PeerGone()
         watch = self.loop.create_task(self._watch_peer(conn, reader, gone))
         self.busy += 1
         try:
@@ -485,7 +485,7 @@ class Front:
             self.busy -= 1
             watch.cancel()
 
-    async def _watch_peer(self, conn: h11.Connection, reader: asyncio.StreamReader, gone: threading.Event) -> None:
+    async def _watch_peer(self, conn: h11.Connection, reader: asyncio.StreamReader, gone: PeerGone) -> None:
         """While the app runs: set `gone` when the client closes its connection, so a request that writes nothing
         until its end (a whole answer, not a stream) stops generating for nobody. What arrives meanwhile (a
         pipelined next request) goes to h11's buffer, up to one request's worth; past that the watch stops

@@ -8,8 +8,10 @@ never gathered. An SSE stream is forwarded in whole events: the tail of an event
 until its blank line, so when an upstream breaks mid-stream the client gets every complete event, then
 one error event and `data: [DONE]`, never half an event glued to an error.
 
-Closing is the other half of forwarding: when the client goes away the WSGI server closes the response,
-which closes the upstream connection, and the upstream sees its client go exactly as it would directly.
+Closing is the other half of forwarding: when the client goes away the upstream sees its client go exactly as
+it would directly. A stream notices at its next write (the WSGI server closes the response, which closes the
+upstream connection); a request still waiting on the upstream (a whole answer, which writes nothing until its
+end, or a stream before its first event) is cut loose by `Cut` the moment the front sees the client go.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from urllib3 import HTTPResponse
 from urllib3.exceptions import HTTPError
 from urllib3.util import SKIP_HEADER
 
+from serving.errors import PeerGone, client_gone
+from serving.gateway.cut import Cut, bound
 from serving.gateway.failures import Failure, classify
 from serving.gateway.upstreams import Upstream
 
@@ -33,7 +37,8 @@ REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}  # the gateway 
 RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 READ_SIZE = 1 << 16
 
-ErrorEvent = Callable[[Failure, Upstream], bytes]
+# the event that ends a broken stream, from what broke and the last whole events the client got
+ErrorEvent = Callable[[Failure, Upstream, bytes], bytes]
 
 
 class UpstreamFailed(Exception):
@@ -70,32 +75,45 @@ def response_headers(resp: HTTPResponse) -> list[tuple[str, str]]:
 
 
 def exchange(upstream: Upstream, method: str, path: str, body: bytes, headers: dict[str, str],
-             extra_headers: dict[str, str], error_event: ErrorEvent) -> Response:
-    """Send the request and answer with what came back; `UpstreamFailed` when nothing usable did."""
+             extra_headers: dict[str, str], error_event: ErrorEvent, gone: PeerGone | None = None) -> Response:
+    """Send the request and answer with what came back; `UpstreamFailed` when nothing usable did, a 499
+    `ApiError` when the client went first (nothing to retry: nobody is waiting)."""
     series = upstream.series
+    cut = Cut(gone)
     upstream.enter()
     sent = time.monotonic()
+    bound.cut = cut
     try:
         resp = upstream.pool.urlopen(method, upstream.base_path + path, body=body, headers=headers, retries=False,
                                      redirect=False, preload_content=False, decode_content=False)
     except (HTTPError, OSError) as exc:
         upstream.leave()
+        if cut.release():
+            series.disconnects.inc()
+            raise client_gone() from None
         failure = classify(exc)
         series.error(failure.kind)
         if failure.kind == "connect":
             upstream.failed(f"request: {failure.words}")
         raise UpstreamFailed(upstream, failure) from None
+    finally:
+        bound.cut = None
     series.answered(resp.status)
     headers_out = response_headers(resp) + list(extra_headers.items())
     if resp.headers.get("Content-Length") is not None and not resp.chunked:
         try:
             data = _read_by(resp, sent + upstream.cfg.upstream_timeout_s)
         except (HTTPError, OSError) as exc:
+            resp.close()
+            if cut.fired:
+                series.disconnects.inc()
+                raise client_gone() from None
             failure = classify(exc)
             series.error(failure.kind)
-            resp.close()
             raise UpstreamFailed(upstream, failure) from None
         finally:
+            if cut.release():  # the client went as the answer ended: the socket is shut, not for reuse
+                resp.close()
             resp.release_conn()
             upstream.leave()
         now = time.monotonic()
@@ -104,7 +122,7 @@ def exchange(upstream: Upstream, method: str, path: str, body: bytes, headers: d
         upstream.passed(by_check=False)
         return Response(data, status=resp.status, headers=headers_out)
     events = resp.headers.get("Content-Type", "").startswith("text/event-stream")
-    relay = Relay(upstream, resp, sent, error_event if events else None)
+    relay = Relay(upstream, resp, sent, error_event if events else None, cut)
     return Response(relay, status=resp.status, headers=headers_out)
 
 
@@ -130,8 +148,9 @@ class Relay:
     """A body without a length, forwarded as it arrives; `close` (the WSGI server's, at the end or when the
     client left) releases the upstream side exactly once."""
 
-    def __init__(self, upstream: Upstream, resp: HTTPResponse, sent: float, error_event: ErrorEvent | None):
-        self.upstream, self.resp, self.sent, self.error_event = upstream, resp, sent, error_event
+    def __init__(self, upstream: Upstream, resp: HTTPResponse, sent: float, error_event: ErrorEvent | None,
+                 cut: Cut):
+        self.upstream, self.resp, self.sent, self.error_event, self.cut = upstream, resp, sent, error_event, cut
         self.finished = False
         self.closed = False
 
@@ -140,7 +159,7 @@ class Relay:
         source = (resp.read_chunked(decode_content=False) if resp.chunked
                   else iter(lambda: resp.read1(READ_SIZE, decode_content=False), b""))
         events = self.error_event is not None
-        tail = b""
+        tail = last = b""
         first = True
         while True:
             try:
@@ -158,13 +177,15 @@ class Relay:
                 yield chunk
                 continue
             data = tail + chunk if tail else chunk
-            cut = _events_end(data)
-            if cut == len(data):
+            end = _events_end(data)
+            if end == len(data):
                 tail = b""
+                last = data
                 yield data
-            elif cut:
-                tail = data[cut:]
-                yield data[:cut]
+            elif end:
+                tail = data[end:]
+                last = data[:end]
+                yield last
             else:
                 tail = data
         self.finished = True
@@ -173,16 +194,21 @@ class Relay:
                 yield tail
             self._release(ok=True)
             return
+        if self.cut.fired:  # the client went while the upstream was silent: nobody reads an error event
+            self.close()
+            return
         series.error(failure.kind)
         self._release(ok=False)
         if not events:  # a plain body has no in-band error: cut the connection so the client sees it short
             raise UpstreamFailed(self.upstream, failure)
-        yield self.error_event(failure, self.upstream)
+        yield self.error_event(failure, self.upstream, last)
 
     def _release(self, ok: bool) -> None:
         if self.closed:
             return
         self.closed = True
+        if self.cut.release():
+            ok = False  # its socket was shut: not for reuse
         if ok:
             self.resp.release_conn()
             self.upstream.passed(by_check=False)
@@ -193,7 +219,7 @@ class Relay:
         self.upstream.leave()
 
     def close(self) -> None:
-        if not self.closed and not self.finished:
+        if not self.closed and (not self.finished or self.cut.fired):
             self.upstream.series.disconnects.inc()
         self._release(ok=False)
 

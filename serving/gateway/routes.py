@@ -11,6 +11,7 @@ says which upstreams are up (503 while none is, or while the routing model loads
 from __future__ import annotations
 
 import json
+import re
 import threading
 from functools import partial
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from flask import Blueprint, Response, g, request
 from prometheus_client import CollectorRegistry
 
-from serving.errors import ApiError, error_body
+from serving.errors import PEER_GONE_KEY, ApiError, error_body
 from serving.gateway import openapi
 from serving.gateway.config import GatewayConfig
 from serving.gateway.failures import Failure
@@ -29,6 +30,8 @@ from serving.gateway.rules import Rules
 from serving.gateway.upstreams import Upstream, Upstreams
 from serving.generate import openai
 from serving.generate.streaming import DONE, sse
+
+SEQUENCE_NUMBER = re.compile(rb'"sequence_number":\s*(\d+)')  # a Responses event's number, as the upstream wrote it
 
 
 def openai_dialect(body: dict) -> dict:
@@ -145,7 +148,8 @@ class GatewayApi:
             sent = self._body_for(upstream, route, parsed, body)
             try:
                 return exchange(upstream, request.method, path, sent, headers,
-                                {**extra, "X-Pagoda-Upstream": upstream.url}, on_break)
+                                {**extra, "X-Pagoda-Upstream": upstream.url}, on_break,
+                                request.environ.get(PEER_GONE_KEY))
             except UpstreamFailed as exc:
                 failed.append(exc)
                 if exc.failure.kind == "timeout":
@@ -170,15 +174,16 @@ class GatewayApi:
         return json.dumps(rewritten, ensure_ascii=False).encode()
 
 
-def error_event(request_id: str, path: str, failure: Failure, upstream: Upstream) -> bytes:
+def error_event(request_id: str, path: str, failure: Failure, upstream: Upstream, last: bytes) -> bytes:
     """The event that ends a stream the upstream broke, in the route's error shape, then `[DONE]`; on the
-    Responses API its typed `error` event, which ends a stream there (no `[DONE]`; no `sequence_number`, which
-    only the upstream could number). Bound to the request when it is sent: the stream runs after the request
-    context is gone."""
+    Responses API its typed `error` event, which ends a stream there (no `[DONE]`), numbered after the last
+    event the client got (`last`: the last whole events forwarded). Bound to the request when it is sent: the
+    stream runs after the request context is gone."""
     body = error_body(f"upstream {upstream.group} ({upstream.url}): the stream broke: {failure.words}",
                       failure.type, None, request_id)
     if path == "/v1/responses":
         err = openai_dialect(body)["error"]
-        return sse({"type": "error", "code": err["code"], "message": err["message"], "param": None},
-                   event="error").encode()
+        numbers = [int(n) for n in SEQUENCE_NUMBER.findall(last)]
+        return sse({"type": "error", "code": err["code"], "message": err["message"], "param": None,
+                    "sequence_number": max(numbers) + 1 if numbers else 0}, event="error").encode()
     return (sse(openai_dialect(body) if path.startswith("/v1/") else body) + DONE).encode()

@@ -22,6 +22,7 @@ import urllib3
 from urllib3.exceptions import HTTPError
 
 from serving.gateway.config import GatewayConfig, UpstreamSpec
+from serving.gateway.cut import TrackedHTTPConnection, TrackedHTTPSConnection
 from serving.gateway.failures import classify
 from serving.gateway.metrics import GatewayMetrics
 
@@ -38,6 +39,8 @@ class Upstream:
         self.pool = urllib3.connection_from_url(
             spec.url, maxsize=cfg.threads, block=False, retries=False,
             timeout=urllib3.Timeout(connect=cfg.connect_timeout_s, read=cfg.upstream_timeout_s))
+        # connections a request's client can cut loose (`cut.Cut`)
+        self.pool.ConnectionCls = TrackedHTTPSConnection if spec.url.startswith("https") else TrackedHTTPConnection
         self.series = metrics.upstream(self.group, self.url)
         self.up = True            # optimistic until the first check says otherwise
         self.error: str | None = None

@@ -17,7 +17,7 @@ from serving.decide.config import DecideConfig
 from serving.decide.metrics import DecideMetrics
 from serving.decide.schema import DecideRequest, decide_request
 from serving.decide.service import Service
-from serving.errors import ApiError, parse_json
+from serving.errors import ApiError, PeerGone, parse_json
 
 
 def laya_refusal(name: str, qdef: dict) -> InputError:
@@ -140,3 +140,21 @@ def test_cost_limits_refuse_before_the_model(agent, billing_questions):
                          budgets={"max_len": 150})
     assert service.decide(fits, time.monotonic(), "test", batch=True)[0][0]["usage"]["input_tokens"] == 150
     service.batcher.stop()
+
+
+def test_peer_gone_runs_each_callback_once_and_at_once_when_already_set():
+    """The gateway's cut hangs on this: a callback registered before the client goes runs when it goes, one
+    registered after runs at once, one cancelled never runs, and a callback that raises stops no other."""
+    gone = PeerGone()
+    calls: list[str] = []
+    gone.when_set(lambda: calls.append("first"))
+    cancel = gone.when_set(lambda: calls.append("cancelled"))
+    gone.when_set(lambda: 1 / 0)
+    gone.when_set(lambda: calls.append("after a failing one"))
+    cancel()
+    assert calls == []
+    gone.set()
+    gone.set()  # the watch sets it once; a second set runs nothing again
+    assert calls == ["first", "after a failing one"] and gone.is_set()
+    gone.when_set(lambda: calls.append("late"))()  # runs now; its cancel is a no-op
+    assert calls[-1] == "late"

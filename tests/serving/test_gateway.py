@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -252,6 +253,31 @@ def test_a_stream_is_forwarded_as_it_arrives_and_a_client_that_leaves_ends_it_up
     # the client hung up (the response closed its socket): the upstream's request goes within a few tokens
     until(lambda: running(edge) == 0, 30, "the upstream request closed after the client left")
     assert metric(gateway, "pagoda_gateway_client_disconnects_total", group="edge") >= 1
+
+
+@pytest.mark.parametrize("leave", ["close", "reset"])
+def test_a_client_that_leaves_a_whole_answer_ends_it_upstream(gateway, edge, leave):
+    """A non-streamed answer writes nothing until its end, so only the front's watch sees the client go; the
+    gateway then cuts its upstream socket, and the upstream stops generating (without the cut it ran its three
+    4,000-token choices to their end, 12 s on a 2-core Xeon, for nobody)."""
+    before = metric(gateway, "pagoda_gateway_client_disconnects_total", group="edge")
+    body = json.dumps({"prompt": "hello", "max_tokens": 4000, "n": 3, "ignore_eos": True, "temperature": 0}).encode()
+    conn = socket.create_connection(("127.0.0.1", gateway.port), timeout=120)
+    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    until(lambda: running(edge) >= 1, 30, "the upstream generating", step=0.02)
+    if leave == "reset":  # RST, as a killed client or a proxy's timeout sends
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+    left = time.monotonic()
+    until(lambda: running(edge) == 0, 30, "the upstream request ended after the client left", step=0.02)
+    assert time.monotonic() - left < 3  # the whole answer takes 12 s on a 2-core Xeon
+    until(lambda: metric(gateway, "pagoda_gateway_client_disconnects_total", group="edge") == before + 1, 10,
+          "the departure counted once")
+    assert metric(gateway, "pagoda_gateway_upstream_errors_total", upstream=edge.url, kind="reset") == 0
+    # the pool's connections are still good: the next request through the same gateway is answered
+    r = requests.post(gateway.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+    assert r.status_code == 200 and r.headers["X-Pagoda-Upstream"] == edge.url
 
 
 def test_a_request_may_name_its_group_and_gets_that_upstreams_model(client):

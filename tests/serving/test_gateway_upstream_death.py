@@ -140,7 +140,8 @@ def test_an_upstream_sigkilled_mid_answer_ends_each_stream_with_an_error_event(s
     *whole, last = [e.split(b"\n", 1) for e in typed_before + typed_after]
     assert last[0] == b"event: error"
     assert data(last[1]) == {"type": "error", "code": "upstream_reset", "param": None,
-                             "message": data(last[1])["message"]}
+                             "message": data(last[1])["message"], "sequence_number": len(whole)}
+    assert [data(event)["sequence_number"] for _, event in whole] == list(range(len(whole)))
     assert f"upstream smol ({up.url}): the stream broke" in data(last[1])["message"]
     assert all(name == b"event: " + data(event)["type"].encode() for name, event in whole)
     assert {data(event)["type"] for _, event in whole} >= {"response.created", "response.output_text.delta"}
