@@ -451,6 +451,78 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
         listener.close()
 
 
+def test_a_client_that_leaves_while_its_upstream_is_silent_cuts_the_upstream(tmp_path):
+    """Whole answers and streams whose upstream sends nothing for a while: the gateway's request thread waits on
+    the upstream socket and writes nothing, so only the front's watch sees the client go. The upstream must see
+    its connection end at once, not when --upstream-timeout-s (60 s here) runs out."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    first = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+             + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT))
+    ended: dict[str, float] = {}
+    stop = threading.Event()
+
+    def answer(conn: socket.socket, kind: str) -> None:
+        with conn:
+            if kind == "stream":
+                conn.sendall(first)  # one event, then silence
+            conn.settimeout(30)
+            try:
+                while conn.recv(65536):  # until the gateway closes its side
+                    pass
+            except OSError:
+                pass
+            ended[kind] = time.monotonic()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            data = conn.recv(65536)
+            if data.startswith(b"GET"):
+                with conn:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                continue
+            while len(data.split(b"\r\n\r\n", 1)[-1]) < int(re.search(rb"Content-Length: (\d+)", data, re.I).group(1)):
+                data += conn.recv(65536)  # the head and the body may come apart
+            kind = "stream" if b'"stream": true' in data or b'"stream":true' in data else "whole"
+            threading.Thread(target=answer, args=(conn, kind), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    gw = Proc(tmp_path / "silent.log", "gateway", ["--upstream", f"quiet=http://127.0.0.1:{port}", "--no-access-log",
+                                                   "--upstream-timeout-s", "60"])
+    try:
+        gw.running()
+        for kind, body in (("whole", {"prompt": "p"}), ("stream", {"prompt": "p", "stream": True})):
+            data = json.dumps(body).encode()
+            conn = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+            if kind == "stream":
+                got = b""
+                while WHOLE_EVENT not in got:  # the event the upstream sent reached the client
+                    got += conn.recv(65536)
+            else:
+                time.sleep(0.5)  # the request is with the upstream
+            left = time.monotonic()
+            conn.close()
+            until(lambda k=kind: k in ended, 10, f"the upstream's {kind} connection closed by the gateway")
+            assert ended[kind] - left < 5, kind
+        assert metric(gw, "pagoda_gateway_client_disconnects_total", group="quiet") == 2
+        assert requests.get(gw.url + "/health", timeout=5).status_code == 200
+    finally:
+        gw.stop()
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
 # ---- routing by decision ------------------------------------------------------------------------------
 
 MESSAGES = ["Prove that there are infinitely many primes, step by step.", "hi there!",
