@@ -18,6 +18,7 @@ from contextlib import closing
 from typing import Any
 
 from serving.errors import ApiError, error_body
+from serving.generate.call_list import Arguments, Begin, CallList, End
 from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import DONE, sse
 from serving.generate.tools import tool_call
@@ -121,8 +122,9 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
 
     tools = req.tools if req.tools is not None and req.tools.calls_forced else None
     forced = tools.forced if tools is not None else None
-    listed = tools is not None and forced is None  # "required": the list of calls is read whole, at its end
-    held = [""] * run.n_choices
+    listed = tools is not None and forced is None  # "required": each call as it shows in the list (call_list.py)
+    held = [""] * run.n_choices  # a list's whole text, to tell at its end whether it parses
+    lists = [CallList() for _ in range(run.n_choices)]
 
     def delta(text: str) -> dict:
         return {"content": text} if forced is None else {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
@@ -140,24 +142,31 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
                     lp = {"content": [chat_logprob(service, ev.logprob)]} if req.logprobs is not None and ev.logprob else None
                     if listed:
                         held[i] += ev.text
-                        if lp:
-                            yield chunk(i, {}, lp)
+                        deltas = [_call_delta(e) for e in lists[i].feed(ev.text) if not isinstance(e, End)]
+                        for d in deltas or ([{}] if lp else []):
+                            yield chunk(i, d, lp)
+                            lp = None  # the token's logprobs ride on its first chunk
                     elif ev.text or lp:
                         yield chunk(i, delta(ev.text) if ev.text else {}, lp)
                     continue
                 fail = failure(ev)
                 if fail is not None:
                     raise fail
-                if listed:
-                    calls = tools.calls(held[i])
-                    yield chunk(i, {"content": held[i]} if calls is None else
-                                {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
+                if listed and tools.calls(held[i]) is None:  # cut short: the text the whole answer gives as content
+                    yield chunk(i, {"content": held[i]})
                 yield chunk(i, {}, finish=ev.finish_reason)
         if req.include_usage:
             yield sse({**head, "choices": [], "usage": run.usage()})
     except ApiError as exc:
         yield stream_error(exc, request_id)
     yield DONE
+
+
+def _call_delta(event: Begin | Arguments) -> dict:
+    """A `"required"` list's news as a chat delta: a call's id and name, or more of its arguments."""
+    if isinstance(event, Begin):
+        return {"tool_calls": [{"index": event.index, **tool_call(event.name, "")}]}
+    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
 
 
 # ---- completions ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ ends without `[DONE]`.
 The server keeps nothing between requests: `store` is taken and answered `false`, and `previous_response_id`
 (which reads a stored response) is refused by name, so a client sends the conversation in `input`, as
 stateless clients (and vLLM without its store) do. Function calls follow chat's rules (`tools.py`): a forced
-call is constrained decoding, `"auto"` is refused. A finish by length is status `incomplete` with
+call is constrained decoding, streamed as it is generated (`stream`), `"auto"` is refused. A finish by length is status `incomplete` with
 `incomplete_details.reason: "max_output_tokens"`, as OpenAI answers.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from serving.errors import ApiError, error_body
 from serving.generate.body import BodyConstraint, Fields, bad
+from serving.generate.call_list import Arguments, Begin, CallList
 from serving.generate.config import GenerateConfig
 from serving.generate.openai import chat_logprob, raise_failures
 from serving.generate.openai import error_dialect as openai_error
@@ -289,34 +290,78 @@ def answer(run: Run, service: Service, echo: Echo) -> dict[str, Any]:
     tools = run.req.tools
     calls = tools.calls(out.text) if tools is not None and tools.calls_forced else None
     if calls is not None:
-        output = [_call_item(c, status) for c in calls]
+        # a listed call that parsed is whole, whatever cut the list after it (a stream closes its item as its object
+        # closes, before the finish is known); a forced call's text is its arguments, cut or not
+        whole = "completed" if tools.forced is None else status
+        output = [_call_item(c, whole) for c in calls]
     else:
         logprobs = [chat_logprob(service, r) for r in out.logprobs] if echo.include_logprobs else []
         output = [_message_item(_id("msg"), status, [_text_part(out.text, logprobs)])]
     return _object(echo, service, status, output, _usage(run))
 
 
+class _CallItems:
+    """function_call output items as their calls are generated, and their events: added (name and call_id,
+    no arguments), argument deltas, then the arguments' done and the item's done. A forced call is one item,
+    named before its first token; a `"required"` list's calls each open once their name shows."""
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+        self.items: list[dict[str, Any]] = []  # as they stand: arguments so far, status until done
+        self.open: list[bool] = []
+
+    def added(self, name: str) -> Iterator[str]:
+        self.items.append(_call_item(tool_call(name, ""), "in_progress"))
+        self.open.append(True)
+        yield self.event("response.output_item.added", output_index=len(self.items) - 1, item=dict(self.items[-1]))
+
+    def delta(self, k: int, text: str) -> Iterator[str]:
+        self.items[k]["arguments"] += text
+        yield self.event("response.function_call_arguments.delta", item_id=self.items[k]["id"], output_index=k,
+                         delta=text)
+
+    def done(self, k: int, status: str) -> Iterator[str]:
+        item = self.items[k]
+        item["status"], self.open[k] = status, False
+        yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=k,
+                         name=item["name"], arguments=item["arguments"])
+        yield self.event("response.output_item.done", output_index=k, item=dict(item))
+
+    def close(self, status: str) -> Iterator[str]:
+        for k, still in enumerate(self.open):
+            if still:
+                yield from self.done(k, status)
+
+    def failed(self) -> list[dict[str, Any]]:
+        """What was streamed, as far as it got, for a failed response."""
+        return [{**item, "status": "incomplete"} if still else item for item, still in zip(self.items, self.open)]
+
+
 def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[str]:
-    """Typed events for one output item as the tokens come: a message's text, or a named call's arguments; the
-    calls of `"required"` are read whole, so each comes complete once the list has ended."""
+    """Typed events as the tokens come: a message's text, or function_call items (`_CallItems`): a named call's
+    arguments, or each call of a `"required"` list once its name shows, then its arguments, its item done when
+    its object closes (a whole call is `completed`, as `answer` says of it). A list cut short (by
+    `max_output_tokens`) does not parse, so `answer` gives its text as a message; the stream cannot take back the
+    calls it has sent: it ends the one cut as `incomplete` and then sends that same message, after them."""
     from generation.engine import TokenEvent
 
     seq = itertools.count()
     tools = run.req.tools if run.req.tools is not None and run.req.tools.calls_forced else None
     forced = tools.forced if tools is not None else None
+    listed = CallList() if tools is not None and forced is None else None
 
     def event(kind: str, **payload: Any) -> str:
         return sse({"type": kind, "sequence_number": next(seq), **payload}, event=kind)
 
-    item_id = _id("fc" if forced is not None else "msg")
-    call = tool_call(forced.name, "") if forced is not None else None
+    calls = _CallItems(event)
     yield event("response.created", response=_object(echo, service, "in_progress", [], None))
     yield event("response.in_progress", response=_object(echo, service, "in_progress", [], None))
     text, logprobs, status = "", [], "completed"
+    item_id = _id("msg")
     where = {"item_id": item_id, "output_index": 0}
     try:
-        if call is not None:
-            yield event("response.output_item.added", output_index=0, item=_call_item(call, "in_progress", item_id))
+        if forced is not None:
+            yield from calls.added(forced.name)
         elif tools is None:
             yield event("response.output_item.added", output_index=0, item=_message_item(item_id, "in_progress", []))
             yield event("response.content_part.added", **where, content_index=0, part=_text_part("", []))
@@ -326,8 +371,16 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
                     lp = [chat_logprob(service, ev.logprob)] if echo.include_logprobs and ev.logprob else []
                     text += ev.text
                     logprobs += lp
-                    if call is not None and ev.text:
-                        yield event("response.function_call_arguments.delta", **where, delta=ev.text)
+                    if forced is not None and ev.text:
+                        yield from calls.delta(0, ev.text)
+                    elif listed is not None:
+                        for e in listed.feed(ev.text):
+                            if isinstance(e, Begin):
+                                yield from calls.added(e.name)
+                            elif isinstance(e, Arguments):
+                                yield from calls.delta(e.index, e.text)
+                            else:
+                                yield from calls.done(e.index, "completed")
                     elif tools is None and (ev.text or lp):
                         yield event("response.output_text.delta", **where, content_index=0, delta=ev.text, logprobs=lp)
                     continue
@@ -335,46 +388,30 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
                 if fail is not None:
                     raise fail
                 status = _status(ev)
-        output = []
-        if call is not None:
-            item = _call_item({**call, "function": {"name": forced.name, "arguments": text}}, status, item_id)
-            yield event("response.function_call_arguments.done", **where, name=forced.name, arguments=text)
-            yield event("response.output_item.done", output_index=0, item=item)
-            output = [item]
-        else:
-            calls = tools.calls(text) if tools is not None else None
-            if calls is not None:
-                for i, c in enumerate(calls):
-                    item = _call_item(c, status)
-                    at = {"item_id": item["id"], "output_index": i}
-                    yield event("response.output_item.added", output_index=i, item={**item, "arguments": "",
-                                                                                     "status": "in_progress"})
-                    yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
-                    yield event("response.function_call_arguments.done", **at, name=item["name"],
-                                arguments=item["arguments"])
-                    yield event("response.output_item.done", output_index=i, item=item)
-                    output.append(item)
-            else:
-                if tools is not None:  # a list of calls that does not parse (cut by length): its text, as a message
-                    yield event("response.output_item.added", output_index=0,
-                                item=_message_item(item_id, "in_progress", []))
-                    yield event("response.content_part.added", **where, content_index=0, part=_text_part("", []))
-                    yield event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=logprobs)
-                part = _text_part(text, logprobs)
-                yield event("response.output_text.done", **where, content_index=0, text=text, logprobs=logprobs)
-                yield event("response.content_part.done", **where, content_index=0, part=part)
-                item = _message_item(item_id, status, [part])
-                yield event("response.output_item.done", output_index=0, item=item)
-                output = [item]
+        whole = tools is not None and tools.calls(text) is not None
+        yield from calls.close(status if forced is not None or not whole else "completed")
+        output = list(calls.items)
+        if not whole:  # a text answer, or a list of calls cut short: its text, as a message after what was sent
+            where = {"item_id": item_id, "output_index": len(output)}
+            if tools is not None:
+                yield event("response.output_item.added", output_index=len(output),
+                            item=_message_item(item_id, "in_progress", []))
+                yield event("response.content_part.added", **where, content_index=0, part=_text_part("", []))
+                yield event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=logprobs)
+            part = _text_part(text, logprobs)
+            yield event("response.output_text.done", **where, content_index=0, text=text, logprobs=logprobs)
+            yield event("response.content_part.done", **where, content_index=0, part=part)
+            item = _message_item(item_id, status, [part])
+            yield event("response.output_item.done", output_index=len(output), item=item)
+            output.append(item)
         final = "response.incomplete" if status == "incomplete" else "response.completed"
         yield event(final, response=_object(echo, service, status, output, _usage(run)))
     except ApiError as exc:
         err = openai_error(error_body(exc.message, exc.type, exc.field, request_id))["error"]
         yield event("error", code=err["code"], message=err["message"], param=err["param"])
-        if call is not None:  # what was streamed stays in the failed response, as far as it got
-            partial = [_call_item({**call, "function": {"name": forced.name, "arguments": text}}, "incomplete", item_id)]
-        else:
-            partial = [_message_item(item_id, "incomplete", [_text_part(text, logprobs)])] if tools is None and text else []
+        # what was streamed stays in the failed response, as far as it got
+        partial = calls.failed() or (
+            [_message_item(item_id, "incomplete", [_text_part(text, logprobs)])] if tools is None and text else [])
         # OpenAI's ResponseError codes name no timeout or abort: the server's side, with our code in the message
         yield event("response.failed", response=_object(echo, service, "failed", partial, None, {
             "code": "server_error", "message": f"{err['code']}: {err['message']}"}))

@@ -7,6 +7,13 @@ arguments that validate. What the model *chooses* (`"auto"`, OpenAI's default on
 parser for the model's own tool-call syntax, which SmolLM2's chat template does not have; it is refused by
 name rather than answered as text a client would read as "no call was wanted". `"none"` answers in text.
 
+Streamed, a forced call comes as it is generated: a named call's arguments token by token, and each call of a
+`"required"` list (read as it grows by `call_list.py`) with its id and name once its name has closed, then its
+arguments. A call's `arguments` are the text the model wrote for them, streamed or not, so a stream's fragments
+add up to the whole answer's byte for byte. A list cut short (by `max_tokens`) does not parse: the whole answer
+gives its text as `content`, no `tool_calls`, finish `length`; a stream cannot take back the calls it has sent,
+so it sends that same text as `content` before the same finish: what the whole answer says is in it too.
+
 The tools always reach the chat template (`tools`, as transformers passes them), so a model whose template
 renders them sees them; SmolLM2's does not, so what the model must know belongs in the messages too.
 """
@@ -21,6 +28,7 @@ from typing import Any
 
 from generation.constraints import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE
 from serving.generate.body import BodyConstraint, Fields, bad
+from serving.generate.call_list import CallList
 from serving.generate.config import GenerateConfig
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function name
@@ -89,10 +97,14 @@ class ToolCalling:
         if self.forced is not None:  # the arguments are the text itself, as generated (a cut one included)
             return [tool_call(self.forced.name, text)]
         try:
-            listed = json.loads(text)
+            json.loads(text)
         except json.JSONDecodeError:
             return None
-        return [tool_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in listed]
+        # each call's arguments as the model wrote them (compact, as OpenAI's and a forced call's are), which is
+        # what a stream sends as they come; json.dumps of the parsed value would add spaces a stream never saw
+        found = CallList()
+        found.feed(text)
+        return [tool_call(c.name or "", c.arguments) for c in found.calls]
 
 
 def tool_call(name: str, arguments: str) -> dict[str, Any]:

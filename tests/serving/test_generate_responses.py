@@ -28,6 +28,7 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in 
          {"type": "function", "name": "get_time", "parameters": TIME}]
 CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+SEVERAL = "Weather and time in Berlin, please."  # greedy: 3 calls under "required"
 
 
 @pytest.fixture(scope="module")
@@ -132,17 +133,71 @@ def test_a_named_call_is_a_function_call_item_that_equals_the_engine(client, smo
     assert deltas == call.arguments == final.output[0].arguments and final.output[0].name == "get_weather"
 
 
-def test_required_calls_come_whole_and_validate(client):
-    r = ask(client, tools=TOOLS, tool_choice="required", max_output_tokens=300)
-    assert r.status == "completed" and r.output and all(o.type == "function_call" for o in r.output)
+def call_fields(item) -> tuple:
+    """A function_call item ids aside."""
+    return item.type, item.name, item.arguments, item.status
+
+
+def call_events(stream) -> tuple[list, object]:
+    """The events in order, and the final response (the SDK's `get_final_response` takes only a completed one)."""
+    events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    return events, stream.get_final_response() if events[-1].type == "response.completed" else events[-1].response
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_calls_stream_as_they_are_generated_and_validate(client, parallel):
+    """Each call's item is added (name and call_id, no arguments yet) once its name shows, its arguments come as
+    deltas, then its done events, before the next call's item is added; the final response equals the whole one."""
+    kw = {"input": SEVERAL, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": parallel,
+          "max_output_tokens": 300}
+    r = ask(client, **kw)
+    assert r.status == "completed" and all(o.type == "function_call" for o in r.output)
     for call in r.output:
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    assert (len(r.output) > 1) == parallel and r.parallel_tool_calls is parallel
+    with client.responses.stream(model=MODEL, temperature=0, **kw) as stream:
+        events, final = call_events(stream)
+    assert [call_fields(o) for o in final.output] == [call_fields(o) for o in r.output]
+    kinds = [(e.type, getattr(e, "output_index", None)) for e in events]
+    assert kinds[-1] == ("response.completed", None)
+    per_call = []
+    for k, item in enumerate(final.output):
+        (added,) = [e for e in events if e.type == "response.output_item.added" and e.output_index == k]
+        assert (added.item.name, added.item.call_id, added.item.arguments, added.item.status) == (
+            item.name, item.call_id, "", "in_progress")
+        mine = [e for e in events if getattr(e, "output_index", None) == k]
+        assert [e.type for e in mine] == ["response.output_item.added",
+                                          *["response.function_call_arguments.delta"] * (len(mine) - 3),
+                                          "response.function_call_arguments.done", "response.output_item.done"]
+        assert all(e.item_id == item.id for e in mine[1:-1]) and mine[-1].item.id == item.id
+        assert "".join(e.delta for e in mine[1:-2]) == mine[-2].arguments == item.arguments
+        per_call.append(len(mine) - 3)
+        if k:  # the calls one after the other, each closed before the next opens
+            assert events.index(mine[0]) > max(i for i, e in enumerate(events) if getattr(e, "output_index", None) == k - 1)
+    assert max(per_call) > 1  # the arguments came as they were typed
+
+
+def test_a_required_list_cut_short_streams_its_calls_then_the_message_the_answer_gives(client):
+    """Cut by max_output_tokens, the list does not parse: the whole answer is its text as a message. A stream has
+    added the call it saw and sent its arguments so far; it ends that call incomplete and adds the same message."""
+    for n in range(4, 60):  # the shortest cut a few characters into the first call's arguments
+        whole = ask(client, tools=TOOLS, tool_choice="required", max_output_tokens=n)
+        if '"parameters":{"' in whole.output_text and not whole.output_text.endswith('{"'):
+            break
+    (message,) = whole.output
+    text = message.content[0].text
+    assert whole.status == "incomplete" and message.type == "message" and message.status == "incomplete"
     with client.responses.stream(model=MODEL, input="What is the weather in Paris?", temperature=0,
-                                 max_output_tokens=300, tools=TOOLS, tool_choice="required") as stream:
-        final = stream.get_final_response()
-    assert [(o.name, o.arguments) for o in final.output] == [(o.name, o.arguments) for o in r.output]
-    one = ask(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_output_tokens=300)
-    assert len(one.output) == 1 and one.parallel_tool_calls is False
+                                 max_output_tokens=n, tools=TOOLS, tool_choice="required") as stream:
+        events, final = call_events(stream)
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    call, streamed = final.output
+    assert call.type == "function_call" and call.status == "incomplete"
+    assert text == f'[{{"name":"{call.name}","parameters":' + call.arguments
+    assert (streamed.type, streamed.status, streamed.content[0].text) == ("message", "incomplete", text)
+    assert [e.type for e in events if getattr(e, "output_index", None) == 0][-1] == "response.output_item.done"
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == call.arguments
 
 
 def test_an_agent_loop_renders_as_chat_messages_do(client, smollm2_server):

@@ -30,6 +30,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+SEVERAL = [{"role": "user", "content": "Weather and time in Berlin, please."}]  # greedy: 3 calls under "required"
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +110,78 @@ def test_required_calls_one_of_the_tools_with_valid_arguments(client, parallel):
         assert len(choice.message.tool_calls) == 1
     for call in choice.message.tool_calls:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-    streamed = list(ask(client, tool_choice="required", parallel_tool_calls=parallel, max_tokens=250, stream=True))
-    calls = [tc for c in streamed if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
-    assert [(c.function.name, c.function.arguments) for c in calls] == \
-        [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
-    assert [c.index for c in calls] == list(range(len(calls)))
-    assert streamed[-1].choices[0].finish_reason == choice.finish_reason
+
+
+def streamed_calls(chunks) -> tuple[list[list], str]:
+    """Each call as OpenAI's deltas build it: `[id, name, [argument fragments]]` by index (the first delta of a
+    call has its id, type and name and empty arguments, the later ones only more arguments), and the content."""
+    calls: list[list] = []
+    content = ""
+    for c in chunks:
+        if not c.choices:
+            continue
+        delta = c.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            if tc.index == len(calls):
+                assert tc.id.startswith("call_") and tc.type == "function" and tc.function.arguments == ""
+                calls.append([tc.id, tc.function.name, []])
+            else:
+                assert tc.index == len(calls) - 1 and tc.id is None and tc.function.name is None
+                calls[tc.index][2].append(tc.function.arguments)
+    return calls, content
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_calls_stream_as_they_are_generated(client, parallel):
+    """Each call's id and name once its name has closed, then its arguments token by token, adding up to the whole
+    answer's byte for byte; the tokens' logprobs keep coming, one record per token."""
+    kw = {"messages": SEVERAL, "tool_choice": "required", "parallel_tool_calls": parallel, "max_tokens": 250,
+          "logprobs": True}
+    whole = ask(client, **kw).choices[0]
+    chunks = list(ask(client, **kw, stream=True))
+    calls, content = streamed_calls(chunks)
+    assert (len(calls) > 1) == parallel
+    assert [(name, "".join(parts)) for _, name, parts in calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert max(len(parts) for _, _, parts in calls) > 1, calls  # the arguments came as they were typed
+    assert content == "" and chunks[-1].choices[0].finish_reason == whole.finish_reason == "stop"
+    records = [r for c in chunks if c.choices and c.choices[0].logprobs for r in c.choices[0].logprobs.content]
+    assert [r.token for r in records] == [r.token for r in whole.logprobs.content]
+
+
+def test_the_sdks_stream_helper_reads_required_calls_that_validate(client):
+    with client.chat.completions.stream(model=MODEL, messages=SEVERAL, temperature=0, max_tokens=250, tools=TOOLS,
+                                        tool_choice="required") as stream:
+        deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert len(calls) > 1 and final.choices[0].finish_reason == "stop"
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert len(deltas) > len(calls)  # more than one fragment for some call
+
+
+def into_arguments(text: str) -> bool:
+    """A list cut a few characters into its first call's arguments."""
+    return '"parameters":{"' in text and not text.endswith('{"')
+
+
+def test_a_required_list_cut_short_streams_its_calls_then_the_text_the_answer_gives(client):
+    """A list cut by max_tokens does not parse: the whole answer gives its text as content, no tool_calls. A stream
+    has sent the calls it saw by then (the last one's arguments cut), and sends that same text as content before
+    the same `length` finish."""
+    tokens = [r.token for r in ask(client, tool_choice="required", max_tokens=250, logprobs=True)
+              .choices[0].logprobs.content]
+    n = next(n for n in range(1, len(tokens)) if into_arguments("".join(tokens[:n])))
+    text = "".join(tokens[:n])
+    whole = ask(client, tool_choice="required", max_tokens=n).choices[0]
+    assert whole.finish_reason == "length" and whole.message.tool_calls is None and whole.message.content == text
+    chunks = list(ask(client, tool_choice="required", max_tokens=n, stream=True))
+    calls, content = streamed_calls(chunks)
+    assert content == whole.message.content and chunks[-1].choices[0].finish_reason == "length"
+    ((_, name, parts),) = calls
+    assert text == f'[{{"name":"{name}","parameters":' + "".join(parts)
 
 
 def test_required_over_schemas_with_refs_keeps_each_tools_definitions(client):
