@@ -389,7 +389,7 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
                     raise fail
                 status = _status(ev)
         whole = tools is not None and tools.calls(text) is not None
-        yield from calls.close(status if forced is not None or not whole else "completed")
+        yield from calls.close(status)  # a forced call, or a listed one cut short: every whole one is closed
         output = list(calls.items)
         if not whole:  # a text answer, or a list of calls cut short: its text, as a message after what was sent
             where = {"item_id": item_id, "output_index": len(output)}
