@@ -7,6 +7,7 @@ concurrent streams come back whole and unmixed. Every wait is bounded in count a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import openai
 import pytest
@@ -378,149 +380,141 @@ def trickle(conn: socket.socket) -> None:
         pass  # the gateway gave up and closed
 
 
+@contextlib.contextmanager
+def raw_upstream(reply: Callable[[socket.socket, bytes], None]) -> Iterator[int]:
+    """A socket-level upstream on loopback for the misbehaviours no real server shows: each connection's whole
+    request (head and body, which may come in separate reads) goes to `reply` on a thread of its own, and a
+    health check (`GET`) is answered 200. Yields its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            data = conn.recv(65536)
+            if data.startswith(b"GET"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                return
+            while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(
+                    re.search(rb"Content-Length: (\d+)", data, re.I).group(1)):
+                data += conn.recv(65536)
+            reply(conn, data)
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
 def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
     """Upstreams that misbehave at the socket level: not HTTP, closing without an answer, a body short of its
     length, a stream that breaks in the middle of an event, a stream with a chunk that is not one, an answer
     that trickles in past the upstream timeout."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    port = listener.getsockname()[1]
     replies = {"garbage": b"SPEAKING NO HTTP\r\n\r\n", "close": b"",
                "short": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"",
-               "health": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
                # one whole event, then half of the next, then the connection closes
                "broken": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
                          + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT) + b"9\r\ndata: {\"i\r\n",
                "badchunk": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                            b"\r\nZZZ\r\nhello\r\n",
                "trickle": trickle}
-    stop = threading.Event()
 
-    def serve() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                data = conn.recv(65536)
-                while data.startswith(b"POST") and len(data.split(b"\r\n\r\n", 1)[-1]) < int(
-                        re.search(rb"Content-Length: (\d+)", data, re.I).group(1)):
-                    data += conn.recv(65536)
-                kind = "health" if data.startswith(b"GET") else json.loads(data.split(b"\r\n\r\n", 1)[1])["prompt"]
-                reply = replies[kind]
-                reply(conn) if callable(reply) else conn.sendall(reply)
+    def reply(conn: socket.socket, data: bytes) -> None:
+        kind = replies[json.loads(data.split(b"\r\n\r\n", 1)[1])["prompt"]]
+        kind(conn) if callable(kind) else conn.sendall(kind)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    gw = Proc(tmp_path / "odd.log", "gateway", ["--upstream", f"odd=http://127.0.0.1:{port}", "--no-access-log",
-                                                "--upstream-timeout-s", "2"])
-    try:
-        gw.running()
-        for prompt, code in (("garbage", "upstream_invalid_response"), ("close", "upstream_reset"),
-                             ("short", "upstream_reset")):
-            r = requests.post(gw.url + "/v1/completions", json={"prompt": prompt}, timeout=30)
-            assert r.status_code == 502, (prompt, r.text)
-            assert r.json()["error"]["code"] == code and f"127.0.0.1:{port}" in r.json()["error"]["message"]
-            assert r.json()["error"]["type"] == "server_error"
-            r = requests.post(gw.url + "/generate", json={"prompt": prompt}, timeout=30)
-            assert r.status_code == 502 and r.json()["error"]["type"] == code  # the server's own shape there
-        r = requests.post(gw.url + "/v1/completions", json={"prompt": "broken", "stream": True}, timeout=30)
-        events = [e for e in r.content.split(b"\n\n") if e]
-        assert events[0] + b"\n\n" == WHOLE_EVENT and events[-1] == b"data: [DONE]" and len(events) == 3
-        assert json.loads(events[1][len(b"data: "):])["error"]["code"] == "upstream_reset"  # the half event: gone
-        r = requests.post(gw.url + "/v1/completions", json={"prompt": "badchunk", "stream": True}, timeout=30)
-        events = [e for e in r.content.split(b"\n\n") if e]
-        assert json.loads(events[0][len(b"data: "):])["error"]["code"] == "upstream_invalid_response", events
-        started = time.monotonic()
-        r = requests.post(gw.url + "/v1/completions", json={"prompt": "trickle"}, timeout=30)
-        assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout", r.text
-        assert time.monotonic() - started < 4  # the whole answer's limit (2 s), not each byte's
-        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=30)
-        stream = client.completions.create(model="m", prompt="broken", stream=True)
-        assert next(stream).choices[0].text == "hi"
-        with pytest.raises(openai.APIError, match="the stream broke"):
-            next(stream)
-        assert requests.get(gw.url + "/health", timeout=5).status_code == 200  # the gateway is fine
-    finally:
-        gw.stop()
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
+    with raw_upstream(reply) as port:
+        gw = Proc(tmp_path / "odd.log", "gateway", ["--upstream", f"odd=http://127.0.0.1:{port}", "--no-access-log",
+                                                    "--upstream-timeout-s", "2"])
+        try:
+            gw.running()
+            for prompt, code in (("garbage", "upstream_invalid_response"), ("close", "upstream_reset"),
+                                 ("short", "upstream_reset")):
+                r = requests.post(gw.url + "/v1/completions", json={"prompt": prompt}, timeout=30)
+                assert r.status_code == 502, (prompt, r.text)
+                assert r.json()["error"]["code"] == code and f"127.0.0.1:{port}" in r.json()["error"]["message"]
+                assert r.json()["error"]["type"] == "server_error"
+                r = requests.post(gw.url + "/generate", json={"prompt": prompt}, timeout=30)
+                assert r.status_code == 502 and r.json()["error"]["type"] == code  # the server's own shape there
+            r = requests.post(gw.url + "/v1/completions", json={"prompt": "broken", "stream": True}, timeout=30)
+            events = [e for e in r.content.split(b"\n\n") if e]
+            assert events[0] + b"\n\n" == WHOLE_EVENT and events[-1] == b"data: [DONE]" and len(events) == 3
+            assert json.loads(events[1][len(b"data: "):])["error"]["code"] == "upstream_reset"  # the half event: gone
+            r = requests.post(gw.url + "/v1/completions", json={"prompt": "badchunk", "stream": True}, timeout=30)
+            events = [e for e in r.content.split(b"\n\n") if e]
+            assert json.loads(events[0][len(b"data: "):])["error"]["code"] == "upstream_invalid_response", events
+            started = time.monotonic()
+            r = requests.post(gw.url + "/v1/completions", json={"prompt": "trickle"}, timeout=30)
+            assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout", r.text
+            assert time.monotonic() - started < 4  # the whole answer's limit (2 s), not each byte's
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+            stream = client.completions.create(model="m", prompt="broken", stream=True)
+            assert next(stream).choices[0].text == "hi"
+            with pytest.raises(openai.APIError, match="the stream broke"):
+                next(stream)
+            assert requests.get(gw.url + "/health", timeout=5).status_code == 200  # the gateway is fine
+        finally:
+            gw.stop()
 
 
 def test_a_client_that_leaves_while_its_upstream_is_silent_cuts_the_upstream(tmp_path):
     """Whole answers and streams whose upstream sends nothing for a while: the gateway's request thread waits on
     the upstream socket and writes nothing, so only the front's watch sees the client go. The upstream must see
     its connection end at once, not when --upstream-timeout-s (60 s here) runs out."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    port = listener.getsockname()[1]
     first = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
              + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT))
     ended: dict[str, float] = {}
-    stop = threading.Event()
 
-    def answer(conn: socket.socket, kind: str) -> None:
-        with conn:
-            if kind == "stream":
-                conn.sendall(first)  # one event, then silence
-            conn.settimeout(30)
-            try:
-                while conn.recv(65536):  # until the gateway closes its side
-                    pass
-            except OSError:
+    def reply(conn: socket.socket, data: bytes) -> None:
+        kind = "stream" if json.loads(data.split(b"\r\n\r\n", 1)[1]).get("stream") else "whole"
+        if kind == "stream":
+            conn.sendall(first)  # one event, then silence
+        conn.settimeout(30)
+        try:
+            while conn.recv(65536):  # until the gateway closes its side
                 pass
-            ended[kind] = time.monotonic()
+        except OSError:
+            pass
+        ended[kind] = time.monotonic()
 
-    def serve() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            data = conn.recv(65536)
-            if data.startswith(b"GET"):
-                with conn:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                continue
-            while len(data.split(b"\r\n\r\n", 1)[-1]) < int(re.search(rb"Content-Length: (\d+)", data, re.I).group(1)):
-                data += conn.recv(65536)  # the head and the body may come apart
-            kind = "stream" if b'"stream": true' in data or b'"stream":true' in data else "whole"
-            threading.Thread(target=answer, args=(conn, kind), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    gw = Proc(tmp_path / "silent.log", "gateway", ["--upstream", f"quiet=http://127.0.0.1:{port}", "--no-access-log",
-                                                   "--upstream-timeout-s", "60"])
-    try:
-        gw.running()
-        for kind, body in (("whole", {"prompt": "p"}), ("stream", {"prompt": "p", "stream": True})):
-            data = json.dumps(body).encode()
-            conn = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
-            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
-            if kind == "stream":
-                got = b""
-                while WHOLE_EVENT not in got:  # the event the upstream sent reached the client
-                    got += conn.recv(65536)
-            else:
-                time.sleep(0.5)  # the request is with the upstream
-            left = time.monotonic()
-            conn.close()
-            until(lambda k=kind: k in ended, 10, f"the upstream's {kind} connection closed by the gateway")
-            assert ended[kind] - left < 5, kind
-        assert metric(gw, "pagoda_gateway_client_disconnects_total", group="quiet") == 2
-        assert requests.get(gw.url + "/health", timeout=5).status_code == 200
-    finally:
-        gw.stop()
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
+    with raw_upstream(reply) as port:
+        gw = Proc(tmp_path / "silent.log", "gateway", ["--upstream", f"quiet=http://127.0.0.1:{port}",
+                                                       "--no-access-log", "--upstream-timeout-s", "60"])
+        try:
+            gw.running()
+            for kind, body in (("whole", {"prompt": "p"}), ("stream", {"prompt": "p", "stream": True})):
+                data = json.dumps(body).encode()
+                conn = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
+                conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+                if kind == "stream":
+                    got = b""
+                    while WHOLE_EVENT not in got:  # the event the upstream sent reached the client
+                        got += conn.recv(65536)
+                else:
+                    time.sleep(0.5)  # the request is with the upstream
+                left = time.monotonic()
+                conn.close()
+                until(lambda k=kind: k in ended, 10, f"the upstream's {kind} connection closed by the gateway")
+                assert ended[kind] - left < 5, kind
+            assert metric(gw, "pagoda_gateway_client_disconnects_total", group="quiet") == 2
+            assert requests.get(gw.url + "/health", timeout=5).status_code == 200
+        finally:
+            gw.stop()
 
 
 # ---- routing by decision ------------------------------------------------------------------------------
