@@ -174,12 +174,20 @@ def require_json(app: Flask) -> None:
     with no body (SGLang's `/flush_cache`) needs no type: there is nothing to mistype.
     Beyond naming the mistake early, this closes a hole: without an API key, a web page could POST to a local
     server as a "simple" cross-origin request (text/plain, form types) that browsers send without a CORS
-    preflight; application/json always needs one."""
+    preflight; application/json always needs one.
+    A body is read as sent: one with a `Content-Encoding` (gzip, br, ...) is refused by that header's name,
+    not misread as bytes that are not JSON. Decoding it would put a body's real size past `--max-body-bytes`,
+    which the front checks on the bytes that arrive (a decompression bomb), and the servers this one stands in
+    for (vLLM, SGLang, laya-serve) do not decode request bodies either."""
 
     @app.before_request
     def check_content_type() -> None:
         if request.method != "POST" or request.url_rule is None or not request.content_length:
             return  # 404 and 405 say more than 415 would; an empty body has no type to check
+        encoding = request.headers.get("Content-Encoding", "").strip()
+        if encoding and encoding.lower() != "identity":
+            raise ApiError(415, f"request bodies are read as sent: Content-Encoding {encoding!r} is not supported; "
+                                "send the JSON uncompressed", "unsupported_media_type", "Content-Encoding")
         if request.mimetype != "application/json":
             given = request.headers.get("Content-Type")
             raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "

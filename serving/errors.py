@@ -90,16 +90,35 @@ def parse_json(data: bytes) -> Any:
     Beyond syntax it refuses what would otherwise fail later as a 500 or leak into an answer: nesting past
     `MAX_JSON_DEPTH`, numbers JSON cannot hold (NaN, Infinity, 1e999, a 5000-digit integer) and strings
     (values or keys) with an unpaired UTF-16 surrogate (`"\\ud800"` is valid JSON but no text: it cannot
-    be tokenised, nor written back in a UTF-8 response). `field` is the JSON path of the offending value.
+    be tokenised, nor written back in a UTF-8 response), and a name given twice in one object (the parser
+    would keep the last value and drop the first without a word: an option, a question, a field lost).
+    `field` is the JSON path of the offending value.
     """
     try:
-        value = json.loads(data, parse_constant=_constant, parse_float=_float, parse_int=_int)
+        value = json.loads(data, parse_constant=_constant, parse_float=_float, parse_int=_int,
+                           object_pairs_hook=_object)
     except RecursionError:
         raise _too_deep(_deep_field(data.decode(json.detect_encoding(data), errors="replace"))) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     _check_values(value)
     return value
+
+
+class _Repeated(dict):
+    """An object that named `key` more than once: refused by `_check_values`, which knows where it stands."""
+
+    key: str
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    repeated = _Repeated(out)
+    repeated.key = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return repeated
 
 
 def _check_values(value: Any) -> None:
@@ -110,6 +129,11 @@ def _check_values(value: Any) -> None:
         if isinstance(node, dict | list):
             if len(parts) >= MAX_JSON_DEPTH:
                 raise _too_deep(_json_path(parts, deep=True))
+            if isinstance(node, _Repeated):
+                where = _json_path(parts) if parts else "the body"
+                raise ApiError(400, f"the name '{_printable(node.key)}' appears more than once in {where}: "
+                               "the names of a JSON object must be unique", "invalid_json",
+                               _json_path((*parts, node.key)))
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for key, child in items:
                 if isinstance(key, str) and not is_text(key):

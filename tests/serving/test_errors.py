@@ -106,6 +106,11 @@ def test_service_names_the_batch_state_laya_refused(agent, billing_questions):
     ('{"q": {"\\ud800": 1}}', "q.\\ud800", "unpaired UTF-16 surrogate"),
     ('{"q": ["ok", "x\\udfff"]}', "q[1]", "unpaired UTF-16 surrogate"),
     ('"\\ud800"', "body", "unpaired UTF-16 surrogate"),
+    # a name given twice: the parser would keep the last value and lose the first without a word
+    ('{"state": "refund", "state": 5}', "state", "'state' appears more than once in the body"),
+    ('{"questions": {"d": {"criteria": {"billing": "x", "billing": "y", "tech": "z"}}}}', "questions.d.criteria.billing",
+     "appears more than once in questions.d.criteria"),
+    ('[{"x": 1}, {"y": [{"z": 1, "z": 1}]}]', "body[1].y[0].z", "'z' appears more than once"),
 ])
 def test_parse_json_names_what_it_refuses(text, field, words):
     with pytest.raises(ApiError) as err:

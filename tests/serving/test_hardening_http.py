@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import http.client
 import json
 import os
@@ -282,6 +283,20 @@ def test_post_routes_require_json(front):
     assert r.status_code == 404  # an unknown route says so, whatever its body
     r = requests.post(front.url + "/decide", headers=AUTH, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json"  # no body: nothing to type
+    # a body is read as sent: an encoded one is refused by the header's name, not misread as bytes that are not JSON
+    for encoding, data in (("gzip", gzip.compress(body.encode())), ("br", body), ("deflate, gzip", body)):
+        r = requests.post(front.url + "/decide", data=data, timeout=10,
+                          headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": encoding})
+        assert r.status_code == 415, (encoding, r.text)
+        assert r.json()["error"]["field"] == "Content-Encoding" and encoding in r.json()["error"]["message"]
+    r = requests.post(front.url + "/decide", data=body, timeout=10,
+                      headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": "identity"})
+    assert r.status_code == 200
+    # a name given twice would lose one of the values without a word: refused, naming where
+    twice = body[:-1] + ', "state": "and again"}'
+    r = requests.post(front.url + "/decide", data=twice, timeout=10, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json", r.text
+    assert r.json()["error"]["field"] == "state"
 
 
 def test_the_bearer_scheme_is_case_insensitive(front):
