@@ -17,11 +17,15 @@ import uuid
 from collections.abc import Collection
 
 from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
 
 from serving.metrics import Metrics
 
 access_log = logging.getLogger("pagoda.access")
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a client's X-Request-ID is kept when it is such a token
+UNMATCHED = "unmatched"  # the route of a path no route matches
+# app.extensions: how the HTTP front counts a request it refused before the app saw it (`count_refused`)
+COUNT_REFUSED_KEY = "pagoda.count_refused"
 
 
 def install(app: Flask, metrics: Metrics, api_blueprints: Collection[str], enabled: bool) -> None:
@@ -33,14 +37,14 @@ def install(app: Flask, metrics: Metrics, api_blueprints: Collection[str], enabl
     def start() -> None:
         g.t0 = time.monotonic()
         given = request.headers.get("X-Request-ID", "")
-        g.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        g.request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
     @app.after_request
     def finish(response: Response) -> Response:
         latency = time.monotonic() - g.get("t0", time.monotonic())
         request_id = g.get("request_id", "-")
         response.headers["X-Request-ID"] = request_id
-        route = request.url_rule.rule if request.url_rule else "unmatched"
+        route = request.url_rule.rule if request.url_rule else UNMATCHED
         metrics.observe_request(route, response.status_code, latency, request.blueprint in api_blueprints)
         if enabled:
             access_log.info(json.dumps({
@@ -49,6 +53,23 @@ def install(app: Flask, metrics: Metrics, api_blueprints: Collection[str], enabl
                 "latency_ms": round(latency * 1000, 3), "remote": request.remote_addr,
             }))
         return response
+
+
+    routes = app.url_map.bind("localhost")
+
+    def count_refused(method: str | None, path: str | None, status: int, latency_s: float) -> None:
+        """A request the front refused (a body over the limit, a slow client, bad framing, the connection cap)
+        is counted as the app counts its own: under the route its path would have reached, so an operator
+        watching `/decide`'s errors sees its 413s too."""
+        route = UNMATCHED
+        if method is not None and path is not None:
+            try:
+                route = routes.match(path, method, return_rule=True)[0].rule
+            except HTTPException:  # no such route, a wrong method, a redirect
+                pass
+        metrics.observe_request(route, status, latency_s, api_route=False)
+
+    app.extensions[COUNT_REFUSED_KEY] = count_refused
 
 
 def configure_logging() -> None:

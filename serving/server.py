@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 import resource
 import struct
 import sys
@@ -46,7 +47,7 @@ import h11
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base import Worker
 
-from serving.access_log import access_log
+from serving.access_log import COUNT_REFUSED_KEY, REQUEST_ID, access_log
 from serving.config import FrontSettings, ServeConfig
 from serving.errors import DIALECTS_KEY, PEER_GONE_KEY, PeerGone, error_body, in_dialect
 from serving.ready_board import ReadyBoard
@@ -238,7 +239,12 @@ class Refused(Exception):
     def __init__(self, status: int, message: str, type_: str):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_
-        self.path: str | None = None  # the request's path where it was read: its API's dialect words the error
+        # Where the request was read, from its first bytes (`_Start`): its path (its API's dialect words the
+        # error, and the refusal is counted under its route), the client's X-Request-ID, when it began.
+        self.path: str | None = None
+        self.method: str | None = None
+        self.request_id: str | None = None
+        self.began: float | None = None
 
 
 class FrontWorker(Worker):
@@ -306,6 +312,7 @@ class Front:
     def __init__(self, app, limits: Limits, threads: int, loop: asyncio.AbstractEventLoop, multiprocess: bool):
         self.app, self.limits, self.loop = app, limits, loop
         self.dialects = getattr(app, "extensions", {}).get(DIALECTS_KEY, {})
+        self.count_refused = getattr(app, "extensions", {}).get(COUNT_REFUSED_KEY)
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pagoda-request")
         self.multiprocess = multiprocess
         self.idle: dict[asyncio.StreamWriter, None] = {}   # waiting for a request to begin (evictable), oldest first
@@ -381,15 +388,15 @@ class Front:
                             writer: asyncio.StreamWriter) -> tuple[h11.Request, bytes] | None:
         """The next whole request (head, body), or None when the client closed or stayed idle too long.
         A refusal carries the request's path, from its parsed head or else its first line's bytes."""
-        start = bytearray()
+        start = _Start()
         try:
             return await self._read_whole(conn, reader, writer, start)
         except Refused as refused:
-            refused.path = _request_path(bytes(start))
+            start.describe(refused)
             raise
 
     async def _read_whole(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          start: bytearray) -> tuple[h11.Request, bytes] | None:
+                          start: _Start) -> tuple[h11.Request, bytes] | None:
         lim = self.limits
         head: h11.Request | None = None
         body = bytearray()
@@ -419,8 +426,8 @@ class Front:
                     if deadline is None:
                         deadline = time.monotonic() + lim.header_timeout_s
                     data = await self._read_until(reader, deadline, head is None)
-                if head is None and len(start) < _REQUEST_LINE_BYTES:
-                    start += data[:_REQUEST_LINE_BYTES - len(start)]
+                if head is None:
+                    start.add(data)
                 conn.receive_data(data)
             elif isinstance(event, h11.Request):
                 head = event
@@ -428,7 +435,8 @@ class Front:
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > lim.max_body_bytes:
-                    raise Refused(413, f"request body over the {lim.max_body_bytes} byte limit", "payload_too_large")
+                    raise Refused(413, f"request body over the {lim.max_body_bytes} byte limit (--max-body-bytes)",
+                                  "payload_too_large")
             elif isinstance(event, h11.EndOfMessage):
                 return head, bytes(body)
             elif isinstance(event, h11.ConnectionClosed):
@@ -464,7 +472,8 @@ class Front:
                           "bad_request")
         length = dict(request.headers).get(b"content-length")
         if length is not None and int(length) > self.limits.max_body_bytes:
-            raise Refused(413, f"request body over the {self.limits.max_body_bytes} byte limit", "payload_too_large")
+            raise Refused(413, f"request body over the {self.limits.max_body_bytes} byte limit (--max-body-bytes)",
+                          "payload_too_large")
         if conn.they_are_waiting_for_100_continue:
             writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         return time.monotonic() + self.limits.body_timeout_s
@@ -599,7 +608,10 @@ class Front:
         still be sending, and closing on unread bytes would reset the connection before it reads the answer."""
         if conn is not None and conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return  # a response already started: nothing can be said any more
-        request_id = uuid.uuid4().hex
+        request_id = refused.request_id or uuid.uuid4().hex
+        if self.count_refused is not None:
+            latency = time.monotonic() - refused.began if refused.began is not None else 0.0
+            self.count_refused(refused.method, refused.path, refused.status, latency)
         body = in_dialect(error_body(refused.message, refused.type, None, request_id), refused.path, self.dialects)
         body = json.dumps(body, separators=(",", ":")).encode()
         reason = HTTPStatus(refused.status).phrase if refused.status in HTTPStatus._value2member_map_ else "Error"
@@ -607,7 +619,8 @@ class Front:
                  f"Content-Length: {len(body)}", "Connection: close", f"X-Request-ID: {request_id}",
                  *(f"{k}: {v}" for k, v in (headers or {}).items())]
         access_log.info(json.dumps({"ts": round(time.time(), 3), "request_id": request_id, "route": "front",
-                                    "status": refused.status, "type": refused.type}))
+                                    "method": refused.method, "path": refused.path, "status": refused.status,
+                                    "type": refused.type}))
         try:
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
             await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
@@ -740,13 +753,34 @@ def _kernel_unsent(writer: asyncio.StreamWriter) -> int:
         return 0
 
 
-def _request_path(start: bytes) -> str | None:
-    """The path of a request line ("POST /v1/chat/completions?x HTTP/1.1"), None if it has not all arrived."""
-    line, sep, _ = start.partition(b"\r\n")
-    parts = line.split(b" ")
-    if not sep or len(parts) != 3 or not parts[1].startswith(b"/"):
-        return None
-    return parts[1].split(b"?", 1)[0].decode("latin-1")
+class _Start:
+    """A request's first bytes (up to `_REQUEST_LINE_BYTES`) and when they came: what a refusal says of the
+    request it refuses, whether or not h11 got as far as parsing its head."""
+
+    _ID = re.compile(rb"\r\nx-request-id:[ \t]*([^\r\n]*?)[ \t]*\r\n", re.I)
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.began: float | None = None
+
+    def add(self, data: bytes) -> None:
+        if self.began is None:
+            self.began = time.monotonic()
+        if len(self.data) < _REQUEST_LINE_BYTES:
+            self.data += data[:_REQUEST_LINE_BYTES - len(self.data)]
+
+    def describe(self, refused: Refused) -> None:
+        refused.began = self.began
+        line, sep, _ = self.data.partition(b"\r\n")
+        parts = line.split(b" ")
+        if not sep or len(parts) != 3 or not parts[1].startswith(b"/"):
+            return  # the request line has not all arrived
+        refused.method = parts[0].decode("latin-1")
+        refused.path = parts[1].split(b"?", 1)[0].decode("latin-1")
+        head = self.data.split(b"\r\n\r\n", 1)[0] + b"\r\n"
+        found = self._ID.search(head)
+        if found is not None and REQUEST_ID.fullmatch(given := found.group(1).decode("latin-1")):
+            refused.request_id = given
 
 
 def _close(response: Any) -> None:

@@ -23,6 +23,7 @@ import time
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from serving_support import API_KEY, BILLING_STATE, TINY_BERT, ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -248,6 +249,40 @@ def test_a_declared_length_over_the_limit_is_413_before_the_body(front):
               f"Content-Length: {5 << 20}\r\n\r\n".encode() + b"{" * 1000)
     assert_json_error(*read_response(s), 413, "payload_too_large")
     s.close()
+
+
+def test_the_fronts_refusals_are_counted_under_their_route_and_keep_the_clients_id(front):
+    """An operator counting `/decide`'s errors sees the 413s the front answered before the app did, and a client
+    that sent its own X-Request-ID finds it on the refusal as on any other answer."""
+    def counts() -> tuple[dict, str]:
+        stats = requests.get(front.url + "/stats", headers=AUTH, timeout=10).json()["requests"]
+        return stats, requests.get(front.url + "/metrics", headers=AUTH, timeout=10).text
+
+    def sample(text: str, route: str, status: str) -> float:
+        for family in text_string_to_metric_families(text):
+            for one in family.samples:
+                if one.name == "pagoda_requests_total" and one.labels == {"route": route, "status": status}:
+                    return one.value
+        return 0.0
+
+    before, text_before = counts()
+    s = connect(front)
+    s.sendall(f"POST /decide HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-ID: mine-42\r\n"
+              f"Content-Length: {5 << 20}\r\n\r\n".encode())
+    status, headers, body = read_response(s)
+    s.close()
+    doc = assert_json_error(status, headers, body, 413, "payload_too_large")
+    assert doc["request_id"] == "mine-42" and "(--max-body-bytes)" in doc["error"]["message"]
+    s = connect(front)  # a path no route has: counted as unmatched, as the app counts its 404s
+    s.sendall(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nX-Request-ID: bad id with spaces\r\nContent-Length: abc\r\n\r\n")
+    status, headers, body = read_response(s)
+    s.close()
+    assert assert_json_error(status, headers, body, 400, "bad_request")["request_id"] != "bad id with spaces"
+    after, text_after = counts()
+    assert after["by_status"].get("413", 0) == before["by_status"].get("413", 0) + 1
+    assert after["by_route"]["/decide"] >= before["by_route"].get("/decide", 0) + 1
+    assert sample(text_after, "/decide", "413") == sample(text_before, "/decide", "413") + 1
+    assert sample(text_after, "unmatched", "400") == sample(text_before, "unmatched", "400") + 1
 
 
 @pytest.mark.parametrize("raw, status, type_", [
