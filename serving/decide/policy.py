@@ -13,7 +13,9 @@ Grammar (lowest precedence first):
     atom   := NUMBER | '-' NUMBER | STRING | 'true' | 'false' | 'null' | PATH | '(' expr ')'
     PATH   := question '.' field ('.' key)?
 
-A value that is missing (the rule's question was not asked, or its answer has no such field) is `null`,
+A value that is missing (the rule's question was not asked, or its answer has no such field) is `null`;
+`low_confidence` on an answer that went through the confidence gate and passed is `false` (laya, as the
+official runtime, writes the flag only when it is true; without a gate there is no verdict, so it is `null`),
 and `null` propagates through comparisons and `not`; `and`/`or` return a definite result when one side
 decides it. So a rule over questions a request did not ask answers `null`, never a made-up `false`.
 """
@@ -67,6 +69,8 @@ class Lookup:
                 # (`probabilities.1`, `probabilities.true`); the answer in hand still has the label's own type.
                 value = {k if isinstance(k, str) else json.dumps(k): v for k, v in value.items()}
             if not isinstance(value, dict) or part not in value:
+                if part == "low_confidence" and isinstance(value, dict) and "abstention" in value:
+                    return False  # the gate ran and passed: laya writes the flag only when it is true
                 return None
             value = value[part]
         return value

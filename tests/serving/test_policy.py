@@ -43,6 +43,21 @@ def test_missing_values_are_null_not_false():
     assert policy.evaluate(ANSWERS) == {"a": None, "b": True, "c": False, "d": None, "e": None}
 
 
+def test_low_confidence_is_false_when_the_gate_passed_and_null_without_a_gate():
+    """laya (as the official runtime) writes `low_confidence` only when it is true; a rule like
+    `auto_close: not q.low_confidence` must still fire on an answer that passed the gate."""
+    import laya.answers
+
+    answers = {"churn": {"type": "noul", "noul": 0.99, "answer_confidence": 0.99},
+               "dept": {"type": "choice", "choice": "a", "answer_confidence": 0.2, "probabilities": {"a": 0.6, "b": 0.4}}}
+    policy = Policy({"lc": "churn.low_confidence", "auto": "not churn.low_confidence",
+                     "held": "dept.low_confidence", "missing": "other.low_confidence"})
+    assert policy.evaluate(answers) == {"lc": None, "auto": None, "held": None, "missing": None}  # no gate, no verdict
+    laya.answers.gate(answers, 0.5)
+    assert "low_confidence" not in answers["churn"] and answers["dept"]["low_confidence"] is True
+    assert policy.evaluate(answers) == {"lc": False, "auto": True, "held": True, "missing": None}
+
+
 @pytest.mark.parametrize("rule,needle", [
     ("churn_risk.noul >", "end of rule"),
     ("churn_risk > 0.5", "not a question.field path"),
