@@ -27,6 +27,7 @@ import onnxruntime as ort
 
 from distill.deferral import Deferral, apply_deferral
 from distill.inputs import encode, load_tokenizer, normalise_words
+from distill.questions import select
 from laya.answers import answer, check_min_confidence, gate
 from laya.calibration import clamp_temperature, softmax
 from laya.checks import check_threads
@@ -97,32 +98,9 @@ class Student:
         return out
 
     def select(self, questions: Any = None) -> list[str]:
-        """The question names to answer; anything this student was not distilled for is an `InputError`.
-
-        A definition that differs from the distilled one is refused too: the heads answer the
-        question they were trained on, whatever text the caller puts under that name.
-        """
-        if questions is None:
-            return list(self.questions)
-        if not isinstance(questions, dict | list | tuple) or not all(isinstance(n, str) for n in questions):
-            raise InputError("questions: expected a dict of name -> definition or a list of names, got "
-                             f"{type(questions).__name__}" + ("" if not isinstance(questions, list | tuple) else
-                                                              " holding a name that is not a string"),
-                             field="questions")
-        names = list(questions)
-        unknown = [n for n in names if n not in self.questions]
-        if unknown:
-            raise InputError(f"questions {unknown}: this student answers only {sorted(self.questions)}",
-                             field="questions")
-        if isinstance(questions, dict):
-            changed = [n for n in names if questions[n] != self.questions[n]]
-            if changed:
-                raise InputError(f"questions {changed}: definition differs from the one this student was "
-                                 "distilled for", field="questions")
-        if not names:
-            raise InputError(f"questions: empty; ask at least one of {sorted(self.questions)}",
-                             field="questions")
-        return names
+        """The question names to answer; anything this student was not distilled for is an `InputError`
+        naming the question (`distill.questions.select`)."""
+        return select(self.questions, questions)
 
     def predict(self, state: Any, questions: Any = None, *, min_confidence: Any = None,
                 defer: Deferral | None = None) -> dict[str, Any]:

@@ -44,6 +44,10 @@ def test_student_serving(student):
     other = {"urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]}}
     r = requests.post(server.url + "/decide", json={"state": state, "questions": other}, timeout=30)
     assert r.status_code == 422 and "urgency" in r.json()["error"]["message"]
+    assert r.json()["error"]["field"] == "questions.urgency"   # named as laya names a question's mistake
+    changed = {"churn": 5}                                      # its own name, another definition
+    r = requests.post(server.url + "/decide", json={"state": state, "questions": changed}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "questions.churn", r.text
     r = requests.post(server.url + "/decide", json={"state": state, "max_len": 32}, timeout=30)
     assert r.status_code == 422 and r.json()["error"]["field"] == "max_len"
     for bad in (5, "churn", 1.5, [["a"]], True):  # never a 500, nor a string read as its letters
