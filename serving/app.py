@@ -101,6 +101,12 @@ def check_serve_argv(argv: list[str]) -> None:
     checked_config(vars(parser.parse_args(argv)))
 
 
+def _thread_setting(cfg: ServeConfig, api: str) -> str:
+    """The setting that bounds `api`'s request threads: its own (`--decide-threads`) where the config has one, as
+    `thread_budgets` reads it, else the worker's `--threads`."""
+    return cfg.where(f"{api}_threads" if hasattr(cfg, f"{api}_threads") else "threads")
+
+
 def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None) -> Flask:
     """`apis` injects already-built APIs (tests, embedding: e.g. a `DecideApi` around a loaded model)."""
     cfg = cfg or ServeConfig.from_sources()
@@ -115,7 +121,7 @@ def create_app(cfg: ServeConfig | None = None, apis: Sequence[Api] | None = None
     auth.install(app, cfg.api_key)
     require_json(app)
     budgets = cfg.thread_budgets([api.name for api in apis])
-    threads.install(app, {api.blueprint.name: budgets[api.name] for api in apis})
+    threads.install(app, {api.blueprint.name: (budgets[api.name], _thread_setting(cfg, api.name)) for api in apis})
     errors.install(app, cfg.max_body_bytes, {p: d for api in apis for p, d in api.error_dialects.items()})
     document = openapi.document([api.openapi() for api in apis], cfg.max_body_bytes, bool(cfg.api_key))
 

@@ -18,9 +18,10 @@ from flask import Flask, Response, g, request
 from serving.errors import ApiError
 
 
-def install(app: Flask, budgets: Mapping[str, int]) -> None:
-    """`budgets`: blueprint name -> threads its routes may hold."""
-    slots = {name: threading.BoundedSemaphore(n) for name, n in budgets.items()}
+def install(app: Flask, budgets: Mapping[str, tuple[int, str]]) -> None:
+    """`budgets`: blueprint name -> (threads its routes may hold, the setting that says so: `--decide-threads /
+    PAGODA_DECIDE_THREADS`), so a refused client's operator is told what to raise."""
+    slots = {name: threading.BoundedSemaphore(n) for name, (n, _) in budgets.items()}
 
     @app.before_request
     def take_slot() -> None:
@@ -28,8 +29,9 @@ def install(app: Flask, budgets: Mapping[str, int]) -> None:
         if slot is None:
             return
         if not slot.acquire(blocking=False):
-            raise ApiError(503, f"server busy: all {budgets[request.blueprint]} request threads of the "
-                                f"{request.blueprint} API are in use", "overloaded", headers={"Retry-After": "1"})
+            n, where = budgets[request.blueprint]
+            raise ApiError(503, f"server busy: all {n} request threads of the {request.blueprint} API are in use "
+                                f"({where})", "overloaded", headers={"Retry-After": "1"})
         g.thread_slot = slot
 
     @app.after_request

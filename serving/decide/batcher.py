@@ -34,7 +34,12 @@ log = logging.getLogger("pagoda.batcher")
 
 
 class QueueFull(Exception):
-    pass
+    """No room for a request's states; `full` when the queue is at `BatchLimits.max_queue` (not stopping), so
+    the caller can name the setting that bounds it."""
+
+    def __init__(self, message: str, full: bool = False):
+        super().__init__(message)
+        self.full = full
 
 
 class DeadlineExceeded(Exception):
@@ -134,7 +139,7 @@ class Batcher:
                 self._queue = deque(e for e in self._queue if not (
                     e.pending.abandoned or e.pending.error is not None or now >= e.pending.deadline))
             if len(self._queue) + len(units) > self.limits.max_queue:
-                raise QueueFull(f"queue full ({len(self._queue)} states waiting, limit {self.limits.max_queue})")
+                raise QueueFull(f"queue full ({len(self._queue)} states waiting, limit {self.limits.max_queue})", full=True)
             for index, (unit, (rows, width)) in enumerate(zip(units, costs)):
                 self._queue.append(_Entry(pending, index, unit, rows, width))
             if getattr(self._local, "arriving", False):  # this request has arrived: stop waiting for it

@@ -22,13 +22,21 @@ _BUDGETS = ("max_len", "head_max_len", "min_confidence")
 # Fields each route accepts. The `/v1/systemone` routes also take the laya-serve controls that only make
 # sense for its multi-checkpoint router (`model`, `task`, `lang`, `lang_guess`) and its batch shaping
 # (`batch_size`, `sort_by_length`): one model is served here and the batcher shapes passes itself, so
-# they are accepted for client compatibility and have no effect.
+# they have no effect. Their types are checked as laya-serve checks them (`COMPAT_TYPES`), so a client
+# whose body laya-serve refuses is refused here too; `model` is any value, as laya-serve reads it as text.
 ROUTE_FIELDS = {
     "decide": {"state", "questions", "preset", *_BUDGETS},
     "decide_batch": {"states", "questions", "preset", *_BUDGETS},
     "systemone": {"state", "questions", "model", "task", "lang", "lang_guess", *_BUDGETS},
     "systemone_batch": {"states", "questions", "model", "task", "lang", "lang_guess", "batch_size",
                         "sort_by_length", *_BUDGETS},
+}
+
+# laya-serve's types for its controls (null is "not given" there, as here); batch_size must also be positive.
+COMPAT_TYPES: dict[str, tuple[type, str]] = {
+    "task": (str, "a task name"), "lang": (str, 'a language code string such as "de"'),
+    "lang_guess": (str, 'a language code string such as "de"'), "batch_size": (int, "a positive integer"),
+    "sort_by_length": (bool, "a boolean"),
 }
 
 
@@ -54,7 +62,8 @@ def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, 
         if not isinstance(states, list) or not states:
             raise InputError("states must be a non-empty list of states", field="states")
         if len(states) > cfg.max_states:
-            raise InputError(f"too many states ({len(states)} > {cfg.max_states})", field="states")
+            raise InputError(f"too many states ({len(states)} > {cfg.max_states}, {cfg.where('max_states')})",
+                             field="states")
         for i, state in enumerate(states):
             check_state_size(state, f"states[{i}]", cfg)
     else:
@@ -62,7 +71,10 @@ def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, 
             raise InputError("state is required: a string, an object or a list of chat turns", field="state")
         states = [body["state"]]
         check_state_size(states[0], "state", cfg)
+    _check_compat(body)
     questions, preset = _questions(body, presets, default_questions, "preset" in ROUTE_FIELDS[route])
+    if questions == {} and route.startswith("decide"):  # laya-serve answers `{}` on its routes: those keep it
+        raise InputError("questions: empty; ask at least one question", field="questions")
     check_question_counts(questions, cfg)
     check_rows(len(states), questions, route.endswith("batch"), cfg)
     return DecideRequest(states=states, questions=questions, budgets=_budgets(body, cfg), preset=preset)
@@ -71,7 +83,8 @@ def decide_request(body: Any, route: str, cfg: DecideConfig, presets: dict[str, 
 def check_state_size(state: Any, where: str, cfg: DecideConfig) -> None:
     text = state_text(state, where)
     if len(text) > cfg.max_state_chars:
-        raise InputError(f"{where} is too long ({len(text)} > {cfg.max_state_chars} characters)", field=where)
+        raise InputError(f"{where} is too long ({len(text)} > {cfg.max_state_chars} characters, "
+                         f"{cfg.where('max_state_chars')})", field=where)
 
 
 def check_rows(n_states: int, questions: Any, batch: bool, cfg: DecideConfig) -> None:
@@ -94,12 +107,25 @@ def check_question_counts(questions: Any, cfg: DecideConfig) -> None:
     if not isinstance(questions, dict):
         return
     if len(questions) > cfg.max_questions:
-        raise InputError(f"too many questions ({len(questions)} > {cfg.max_questions})", field="questions")
+        raise InputError(f"too many questions ({len(questions)} > {cfg.max_questions}, {cfg.where('max_questions')})",
+                         field="questions")
     for name, question in questions.items():
         criteria = question.get("criteria") if isinstance(question, dict) else None
         if isinstance(criteria, dict | list) and len(criteria) > cfg.max_options:
-            raise InputError(f"question {name!r}: too many options ({len(criteria)} > {cfg.max_options})",
+            raise InputError(f"question {name!r}: too many options ({len(criteria)} > {cfg.max_options}, "
+                             f"{cfg.where('max_options')})",
                              field="criteria", question=str(name))
+
+
+def _check_compat(body: dict) -> None:
+    """The laya-serve controls' types, as laya-serve refuses them (a wrong type is a client's bug, never ignored)."""
+    for name, (kind, what) in COMPAT_TYPES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        wrong = not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 1))
+        if wrong:
+            raise InputError(f"{name} must be {what} or null, got {value!r:.80}", field=name)
 
 
 def _questions(body: dict, presets: dict[str, dict], default: dict | None,
@@ -125,5 +151,6 @@ def _budgets(body: dict, cfg: DecideConfig) -> dict[str, Any]:
     for name in ("max_len", "head_max_len"):
         value = budgets.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > cfg.max_len_cap:
-            raise InputError(f"{name} exceeds the server limit ({value} > {cfg.max_len_cap})", field=name)
+            raise InputError(f"{name} exceeds the server limit ({value} > {cfg.max_len_cap}, {cfg.where('max_len_cap')})",
+                             field=name)
     return budgets

@@ -84,12 +84,17 @@ class Service:
                     more = f" for its first {i + 1} of {len(req.states)} states" if i + 1 < len(req.states) else ""
                     raise too_large(f"{tokens} encoder tokens{more}", self.cfg.max_request_tokens,
                                     self.cfg.where("max_request_tokens"), "states" if batch else "questions")
-            try:
-                pending = batcher.submit(units, costs, deadline)
-            except QueueFull as exc:
-                raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
+            pending = None
+            if any(rows for rows, _ in costs):  # no rows (no questions, on the systemone routes): no model pass
+                try:
+                    pending = batcher.submit(units, costs, deadline)
+                except QueueFull as exc:
+                    where = f" ({self.cfg.where('max_queue')})" if exc.full else ""
+                    raise ApiError(503, f"server busy: {exc}{where}", "overloaded",
+                                   headers={"Retry-After": "1"}) from None
         try:
-            outputs = pending.wait()
+            # `run` over units without rows computes nothing (it splits an empty output), so it may run here
+            outputs = pending.wait() if pending is not None else backend.run(units)
         except DeadlineExceeded:
             raise ApiError(504, f"no answer within the {self.request_timeout_s:g}s deadline", "timeout") from None
         except ModelError as exc:
@@ -101,4 +106,4 @@ class Service:
                                        sum(r["usage"].get("input_tokens", 0) for r in results),
                                        sum(len(r["usage"].get("deferred_questions", ())) for r in results),
                                        sum(r["usage"].get("deferral_error") is not None for r in results))
-        return results, pending.queue_ms
+        return results, pending.queue_ms if pending is not None else 0.0

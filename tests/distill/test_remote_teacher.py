@@ -144,7 +144,7 @@ def _student_kept(student: Student, states: list, out: list[dict], words: str) -
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"api_key": KEY, "max_states": 70}, "HTTP 422: too many states (66 > 64)"),   # over the server's limit
+    ({"api_key": KEY, "max_states": 70}, "HTTP 422: too many states (66 > 64, --max-states"),   # over the server's limit
     ({"api_key": "wrong"}, "HTTP 401"),
     ({}, "HTTP 401"),
 ])

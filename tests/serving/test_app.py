@@ -224,3 +224,23 @@ def test_access_log_line(server, billing_questions):
     lines = [json.loads(line) for line in server.log().splitlines() if "trace-me-123" in line and line.startswith("{")]
     assert lines, server.log()[-2000:]
     assert lines[-1]["route"] == "/decide" and lines[-1]["status"] == 200 and lines[-1]["latency_ms"] > 0
+
+
+def test_empty_questions_are_refused_before_any_pass_but_systemone_answers_them(server):
+    """`/decide` answered `{"questions": {}}` with no answers and counted a model pass of 0 rows (a student refused
+    it): both backends refuse it now, before any pass. laya-serve answers it on its routes, so those do here too,
+    still with no pass."""
+    def passes():
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        return stats["batches"], stats["batch_size_histogram"].get("0")
+
+    before = passes()
+    for path, body in (("/decide", {"state": "x", "questions": {}}), ("/decide/batch", {"states": ["x"], "questions": {}})):
+        error = assert_error(post(server, path, body), 422, "invalid_request", "questions")["error"]
+        assert error["message"] == "questions: empty; ask at least one question"
+    r = post(server, "/v1/systemone", {"state": "x", "questions": {}})
+    assert r.status_code == 200 and r.json()["answers"] == {}, r.text
+    assert r.json()["usage"] == {"input_tokens": 0, "output_tokens": 0}        # as laya-serve answers it
+    r = post(server, "/v1/systemone/batch", {"states": ["x", "y"], "questions": {}})
+    assert r.status_code == 200 and [x["answers"] for x in r.json()["results"]] == [{}, {}], r.text
+    assert passes() == before

@@ -449,3 +449,75 @@ def test_a_failing_pass_is_bisected_not_rerun_request_by_request(agent, billing_
     finally:
         batcher.stop()
     assert passes[:2] == [1, 8] and len(passes) - 2 <= 6, passes
+
+
+# ---- limits name their setting -----------------------------------------------------------------------------------
+
+def test_each_limit_error_names_its_setting(agent):
+    """A client refused by a limit, or its operator, is told which setting holds it, as the 413s already were."""
+    from serving.app import create_app
+    from serving.config import ServeConfig
+    from serving.decide.config import DecideConfig
+    from serving.decide.routes import DecideApi
+
+    cfg = ServeConfig(decide=DecideConfig(max_states=2, max_queue=2, max_questions=1, max_options=2,
+                                          max_state_chars=10, max_len_cap=20, presets=""))
+    client = create_app(cfg, apis=[DecideApi(cfg.decide, 30, backend=LayaBackend(agent, "tiny"))]).test_client()
+    one = {"q": {"type": "noul", "instructions": "Is it so?"}}
+    cases = [
+        ("/decide/batch", {"states": ["a", "b", "c"], "questions": one}, "states",
+         "too many states (3 > 2, --max-states / PAGODA_MAX_STATES)"),
+        ("/decide", {"state": "a", "questions": {**one, "r": one["q"]}}, "questions",
+         "too many questions (2 > 1, --max-questions / PAGODA_MAX_QUESTIONS)"),
+        ("/decide", {"state": "a", "questions": {"q": {"type": "choice", "instructions": "?", "criteria": [1, 2, 3]}}},
+         "questions.q.criteria", "question 'q': too many options (3 > 2, --max-options / PAGODA_MAX_OPTIONS)"),
+        ("/decide", {"state": "a" * 11, "questions": one}, "state",
+         "state is too long (11 > 10 characters, --max-state-chars / PAGODA_MAX_STATE_CHARS)"),
+        ("/decide", {"state": "a", "questions": one, "max_len": 21}, "max_len",
+         "max_len exceeds the server limit (21 > 20, --max-len-cap / PAGODA_MAX_LEN_CAP)"),
+    ]
+    for path, body, field, message in cases:
+        r = client.post(path, json=body)
+        assert r.status_code == 422 and r.get_json()["error"] == {"message": message, "type": "invalid_request",
+                                                                   "field": field}, r.get_data()
+
+
+def test_a_full_queue_names_its_setting(agent):
+    """The model worker holds one request in its pass, two more wait: the next is refused naming --max-queue."""
+    from serving.app import create_app
+    from serving.config import ServeConfig
+    from serving.decide.config import DecideConfig
+    from serving.decide.routes import DecideApi
+
+    class Held(LayaBackend):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def run(self, units):
+            self.entered.set()
+            self.release.wait(30)
+            return super().run(units)
+
+    backend = Held(agent, "tiny")
+    cfg = ServeConfig(decide=DecideConfig(max_states=2, max_queue=2, batching=False, presets=""))
+    app = create_app(cfg, apis=[DecideApi(cfg.decide, 30, backend=backend)])
+    body = {"states": ["a", "b"], "questions": {"q": {"type": "noul", "instructions": "Is it so?"}}}
+    answers: list[int] = []
+    first = threading.Thread(target=lambda: answers.append(app.test_client().post("/decide/batch", json=body).status_code))
+    first.start()
+    assert backend.entered.wait(30)
+    second = threading.Thread(target=lambda: answers.append(app.test_client().post("/decide/batch", json=body).status_code))
+    second.start()
+    deadline = time.monotonic() + 30
+    while b"pagoda_queue_depth 2.0" not in app.test_client().get("/metrics").get_data() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        r = app.test_client().post("/decide/batch", json=body)
+        assert r.status_code == 503 and r.get_json()["error"]["message"] == (
+            "server busy: queue full (2 states waiting, limit 2) (--max-queue / PAGODA_MAX_QUEUE)"), r.get_data()
+    finally:
+        backend.release.set()
+        first.join(30)
+        second.join(30)
+    assert answers == [200, 200]

@@ -16,7 +16,7 @@ def _app() -> Flask:
     bp.add_url_rule("/stream", "stream", lambda: Response(iter(["a", "b"])))
     app.register_blueprint(bp)
     app.register_error_handler(ApiError, lambda e: (e.message, e.status))
-    threads.install(app, {"api": 1})
+    threads.install(app, {"api": (1, "--api-threads / PAGODA_API_THREADS")})
     return app
 
 
@@ -34,6 +34,7 @@ def test_a_stream_holds_its_slot_until_closed():
     client = _app().test_client()
     stream = client.get("/stream")
     busy = client.get("/answer")
-    assert busy.status_code == 503 and b"request threads" in busy.get_data()
+    assert busy.status_code == 503 and busy.get_data() == (b"server busy: all 1 request threads of the api API are in "
+                                                           b"use (--api-threads / PAGODA_API_THREADS)")
     stream.close()
     assert client.get("/answer").status_code == 200
