@@ -38,9 +38,6 @@ class LayaBackend:
     def prepare(self, state: Any, questions: dict, budgets: dict) -> Any:
         return self.agent.prepare(state, questions, **budgets)
 
-    def can_answer(self, questions: dict) -> bool:
-        return True
-
     def cost(self, prepared: Any) -> tuple[int, int]:
         return len(prepared.rows), max((row.n_tokens for row in prepared.rows), default=0)
 
@@ -99,14 +96,6 @@ class StudentBackend:
         except ValueError as exc:  # distill.runtime names no field: every refusal of select is about `questions`
             raise InputError(str(exc), field="questions") from None
         return StudentUnit(state, names, len(state_text(state)), threshold)
-
-    def can_answer(self, questions: dict) -> bool:
-        """Only the questions it was distilled for, as it was (`select` refuses anything else)."""
-        try:
-            self.student.select(questions)
-        except ValueError:  # InputError is one
-            return False
-        return True
 
     def cost(self, unit: StudentUnit) -> tuple[int, int]:
         # The student reads the state once for all its heads, at most `max_len` tokens of it; ~4 characters

@@ -6,16 +6,25 @@ the parser; question types come from laya, the one place that defines them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from distill.remote_teacher import DIGEST_HEADER
-from laya.questions import QUESTION_TYPES
+from laya.answers import GATE_KEYS
+from laya.questions import MAX_OPTIONS, QUESTION_TYPES
 from serving.decide.config import DecideConfig
 from serving.decide.schema import ROUTE_FIELDS
 from serving.openapi import SCHEMAS, post, ref
 
 
-def openapi(cfg: DecideConfig, positions: int | None = None) -> dict:
+def openapi(cfg: DecideConfig, positions: int | None = None, presets: Sequence[str] = (),
+            student: dict[str, Any] | None = None) -> dict:
     """`positions`: the served model's encoder positions where they are known before it loads (a budget past them
-    is a 422), so the advertised maximum is what it takes and not `--max-len-cap` alone."""
+    is a 422), so the advertised maximum is what it takes and not `--max-len-cap` alone. `presets`: the names a
+    request may give (for a student, those of its own questions). `student`: a student's questions (student.json's),
+    when a student answers: the document then offers what it takes (its questions, no budgets), not a Laya model's.
+    A body the server answers validates against the document, and one it refuses does not, wherever a schema can
+    say so (tests/serving/test_openapi.py holds it to a table of both)."""
     state = {"description": "text, a JSON object, or a list of chat turns",
              "oneOf": [{"type": "string", "maxLength": cfg.max_state_chars}, {"type": "object"}, {"type": "array"}]}
     top = min(cfg.max_len_cap, positions) if positions else cfg.max_len_cap
@@ -23,49 +32,57 @@ def openapi(cfg: DecideConfig, positions: int | None = None) -> dict:
              else f"at most --max-len-cap ({cfg.max_len_cap}) and the served model's positions (laya-mini: 512); past "
                   "either a 422 naming the field")
     budgets = {
-        "max_len": {"type": "integer", "minimum": 1, "maximum": top,
-                    "description": f"tokens of a whole row (question and state), {bound}"},
-        "head_max_len": {"type": "integer", "minimum": 1, "maximum": top,
+        "max_len": {"type": ["integer", "null"], "minimum": 1, "maximum": top,
+                    "description": f"tokens of a whole row (question and state), {bound}; null: the model's default"},
+        "head_max_len": {"type": ["integer", "null"], "minimum": 1, "maximum": top,
                          "description": "tokens of a row's question part, a soft cap: the instructions keep at least 8 "
-                                       f"tokens and each option 4 whatever it says (the official layout); {bound}"},
-        "min_confidence": {"description": "abstain below this answer_confidence; a number or a per-bucket "
-                                          "object such as {\"choice:3-5\": 0.6, \"default\": 0.5}",
-                           "oneOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "object"}]},
+                                       f"tokens and each option 4 whatever it says (the official layout); {bound}; "
+                                       "null: the model's default"},
     }
+    fixed = set(budgets) if student is not None else set()   # a student's budgets are fixed at distillation: 422
+    if student is not None:
+        budgets = {}
+    budgets["min_confidence"] = {
+        "description": "abstain below this answer_confidence; a number or a per-bucket object such as "
+                       "{\"choice:3-5\": 0.6, \"default\": 0.5}; null: no gate",
+        "oneOf": [{"type": "number", "minimum": 0, "maximum": 1},
+                  {"type": "object", "minProperties": 1, "propertyNames": {"enum": sorted(GATE_KEYS)},
+                   "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1}},
+                  {"type": "null"}]}
     states = {"type": "array", "minItems": 1, "maxItems": cfg.max_states, "items": state}
-    compat_extras = {"model": {"type": "string", "description": "accepted for compatibility; one model is served"},
-                     "task": {"type": "string"}, "lang": {"type": "string"}, "lang_guess": {"type": "string"}}
-    batch_extras = {"batch_size": {"type": "integer"}, "sort_by_length": {"type": "boolean"}}
-    preset = {"type": "string", "description": "name of a question set from the presets file"}
+    text_or_null = {"type": ["string", "null"]}
+    compat_extras = {"model": {"description": "any value, accepted for compatibility (laya-serve reads it as text); "
+                                              "one model is served"},
+                     "task": text_or_null, "lang": text_or_null, "lang_guess": text_or_null}
+    batch_extras = {"batch_size": {"type": ["integer", "null"], "minimum": 1, "description": "accepted for "
+                                   "compatibility; the batcher shapes passes"},
+                    "sort_by_length": {"type": ["boolean", "null"]}}
+    preset = {"enum": [*presets, None], "description": "name of a question set from the presets file" +
+              ("" if student is None else " (those of this student's questions); without questions or a preset, "
+                                          "all of its questions")}
+    # Not both questions and a preset (a null one is no preset); a Laya model needs one of them.
+    one_source = {"anyOf": [{"not": {"required": ["questions"]}}, {"not": {"required": ["preset"]}},
+                            {"properties": {"preset": {"type": "null"}}}]}
+    needs_source = {"anyOf": [{"required": ["questions"]}, {"required": ["preset"], "properties": {"preset": {"type": "string"}}}]}
+    sources = [one_source] if student is not None else [one_source, needs_source]
 
-    def request_schema(route: str, props: dict, required: list[str]) -> dict:
-        if set(props) != ROUTE_FIELDS[route]:  # the document must not drift from the parser
+    def request_schema(route: str, props: dict, required: list[str], rules: list[dict] | None = None) -> dict:
+        if set(props) | fixed != ROUTE_FIELDS[route]:  # the document must not drift from the parser
             raise RuntimeError(f"openapi: {route} documents {sorted(props)}, serves {sorted(ROUTE_FIELDS[route])}")
-        return {"type": "object", "additionalProperties": False, "required": required, "properties": props}
+        schema = {"type": "object", "additionalProperties": False, "required": required, "properties": props}
+        return {**schema, "allOf": rules} if rules else schema
 
     error = SCHEMAS["Error"]
     schemas = {
-        "Question": {
-            "type": "object", "required": ["type", "instructions"],
-            "properties": {
-                "type": {"enum": list(QUESTION_TYPES)},
-                "instructions": {"type": "string"},
-                "criteria": {"description": "choice: {label: description} or [labels] (required); score: "
-                                            "[level descriptions]; noul: {false, true} descriptions; at most "
-                                            f"{cfg.max_options} options",
-                             "oneOf": [{"type": "object"}, {"type": "array"}]},
-                "labels": {"type": "object", "description": "noul only: display labels for false/true"},
-            },
-        },
-        "Questions": {"type": "object", "maxProperties": cfg.max_questions, "additionalProperties": ref("Question")},
+        **questions_schemas(cfg, student),
         "DecideRequest": request_schema("decide", {"state": state, "questions": ref("Questions"),
-                                                   "preset": preset, **budgets}, ["state"]),
+                                                   "preset": preset, **budgets}, ["state"], sources),
         "DecideBatchRequest": request_schema("decide_batch", {"states": states, "questions": ref("Questions"),
-                                                              "preset": preset, **budgets}, ["states"]),
-        "SystemOneRequest": request_schema("systemone", {"state": state, "questions": ref("Questions"),
+                                                              "preset": preset, **budgets}, ["states"], sources),
+        "SystemOneRequest": request_schema("systemone", {"state": state, "questions": ref("SystemOneQuestions"),
                                                          **compat_extras, **budgets}, ["state", "questions"]),
         "SystemOneBatchRequest": request_schema(
-            "systemone_batch", {"states": states, "questions": ref("Questions"), **compat_extras,
+            "systemone_batch", {"states": states, "questions": ref("SystemOneQuestions"), **compat_extras,
                                 **batch_extras, **budgets}, ["states", "questions"]),
         "Answer": {
             "type": "object", "required": ["type", "confidence", "answer_confidence"],
@@ -126,3 +143,56 @@ def openapi(cfg: DecideConfig, positions: int | None = None) -> dict:
                            "when a student answers. A student deferring here refuses another checkpoint's answers",
             "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}}
     return {"paths": paths, "schemas": schemas}
+
+
+def questions_schemas(cfg: DecideConfig, student: dict[str, Any] | None) -> dict[str, dict]:
+    """`Questions` (the decide routes: at least one), `SystemOneQuestions` (laya-serve answers `{}` with no answers,
+    so a Laya model does too; a student refuses it) and, for a Laya model, a `Question` per type. A student takes
+    only its own questions, each as it was distilled (or their names), or null for all of them."""
+    if student is not None:
+        own = {"type": "object", "minProperties": 1, "additionalProperties": False,
+               "properties": {name: {"const": definition} for name, definition in student.items()},
+               "description": "this student's own questions, each as it was distilled; null or absent: all of them"}
+        names = {"type": "array", "minItems": 1, "items": {"enum": list(student)}, "description": "names of its "
+                 "questions"}
+        either = {"oneOf": [own, names, {"type": "null"}]}
+        return {"Questions": either, "SystemOneQuestions": either}
+    n_options = min(cfg.max_options, MAX_OPTIONS)
+    text = {"type": "string", "pattern": "\\S"}   # not empty, not only spaces
+    instructions = {"description": "the text the model answers; a number, list or object is written as JSON (as the "
+                                   "official runtime does)",
+                    "oneOf": [text, {"type": "number"}, {"type": "object", "minProperties": 1},
+                              {"type": "array", "minItems": 1}]}
+    label = {"oneOf": [text, {"type": ["number", "boolean"]}]}
+    order = {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True,
+             "description": "the order the options are shown in, a permutation of their indices; answers keep the "
+                            "caller's order"}
+
+    def question(kind: str, criteria: dict, required: bool, **more: dict) -> dict:
+        return {"type": "object", "additionalProperties": False,
+                "required": ["type", "instructions", *(["criteria"] if required else [])],
+                "properties": {"type": {"const": kind}, "instructions": instructions, "criteria": criteria,
+                               "option_order": order, **more}}
+
+    choice = question("choice", {"description": f"{{label: description}} or [labels], 1 to {n_options} options "
+                                                "(one option is answered with probability 1, as the official "
+                                                "runtime answers it)",
+                                 "oneOf": [{"type": "object", "minProperties": 1, "maxProperties": n_options,
+                                            "propertyNames": text},
+                                           {"type": "array", "minItems": 1, "maxItems": n_options,
+                                            "uniqueItems": True, "items": label}]}, True)
+    score = question("score", {"description": f"[level descriptions], level 0 first, 2 to {n_options} levels",
+                               "type": "array", "minItems": 2, "maxItems": n_options, "uniqueItems": True,
+                               "items": {"oneOf": [text, {"type": ["number", "boolean", "object", "array"]}]}}, True)
+    noul = question("noul", {"description": "optional {false, true} descriptions (keys in any case)",
+                             "type": ["object", "null"], "maxProperties": 2,
+                             "propertyNames": {"pattern": "^([Ff][Aa][Ll][Ss][Ee]|[Tt][Rr][Uu][Ee])$"}}, False,
+                    labels={"type": "object", "description": "display labels for the false and true options",
+                            "required": ["false", "true"], "additionalProperties": False,
+                            "properties": {"false": text, "true": text}})
+    if [kind for kind in QUESTION_TYPES] != ["choice", "score", "noul"]:  # one schema per laya question type
+        raise RuntimeError(f"openapi: questions are documented for choice, score, noul; laya has {QUESTION_TYPES}")
+    questions = {"type": "object", "maxProperties": cfg.max_questions, "propertyNames": text,
+                 "additionalProperties": ref("Question")}
+    return {"Question": {"oneOf": [choice, score, noul]}, "Questions": {**questions, "minProperties": 1},
+            "SystemOneQuestions": questions}

@@ -10,12 +10,15 @@ its routes.
 from __future__ import annotations
 
 import functools
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, g, request
 from prometheus_client import CollectorRegistry
 
+from distill.questions import select
 from distill.remote_teacher import DIGEST_HEADER
 from laya.layout import checkpoint_positions
 from laya.paths import default_model_dir
@@ -81,11 +84,18 @@ class DecideApi:
 
     def answerable_presets(self) -> list[str]:
         """The presets a request may name and get answers for: all of them for a Laya model (each was checked
-        at startup); for a student, those of its own questions only, so none until it is loaded."""
-        backend = self.service.backend
-        if backend is None:
-            return [] if self.cfg.student else sorted(self.presets)
-        return sorted(name for name, questions in self.presets.items() if backend.can_answer(questions))
+        at startup); for a student, those of its own questions only (`distill.questions.select`)."""
+        own = self._student_questions()
+        return sorted(name for name, questions in self.presets.items() if own is None or _asks(own, questions))
+
+    def _student_questions(self) -> dict | None:
+        """A student's questions, read from its student.json before it loads (the document is built first); None
+        for a Laya model."""
+        if self._backend is not None:
+            return self._backend.default_questions
+        if not self.cfg.student:
+            return None
+        return json.loads((Path(self.cfg.student) / "student.json").read_text())["questions"]
 
     def stats(self) -> dict:
         backend = self.service.backend
@@ -106,7 +116,7 @@ class DecideApi:
         return detect().summary()
 
     def openapi(self) -> dict:
-        return openapi(self.cfg, self._positions())
+        return openapi(self.cfg, self._positions(), self.answerable_presets(), self._student_questions())
 
     def _positions(self) -> int | None:
         """The Laya model's encoder positions, read before it loads (the document is built first); None for a
@@ -162,3 +172,12 @@ class DecideApi:
 
     def _with_actions(self, result: dict) -> dict:
         return {**result, "actions": self.policy.evaluate(result["answers"])} if self.policy else result
+
+
+def _asks(own: dict, questions: dict) -> bool:
+    """Whether a student with questions `own` answers `questions` (`select` refuses anything else)."""
+    try:
+        select(own, questions)
+    except ValueError:  # InputError is one
+        return False
+    return True

@@ -1,10 +1,22 @@
-"""`/openapi.json` stays true: it documents exactly the routes the app serves, and real responses from a
-running server validate against its schemas (a small JSON-schema subset checker below)."""
+"""`/openapi.json` stays true: it documents exactly the routes the app serves, real responses from a running server
+validate against its schemas (jsonschema, 2020-12), and a request body is answered 2xx exactly when its schema
+takes it, on a Laya model and on a student (`agrees`, over tables of bodies at the edges)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import requests
-from serving_support import BILLING_STATE, TINY_BERT, routes_served_and_documented
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from serving_support import (
+    BILLING_STATE,
+    STUDENT_TASK,
+    TINY_BERT,
+    ServerProcess,
+    routes_served_and_documented,
+)
 
 from serving.app import create_app
 from serving.config import ServeConfig
@@ -14,45 +26,32 @@ from serving.decide.routes import DecideApi
 
 
 def check(value, schema: dict, doc: dict, where: str = "$") -> None:
-    """The JSON-schema subset the document uses: $ref, type, enum, oneOf, required, properties,
-    additionalProperties, items, min/max(Items|Properties|Length|imum)."""
-    if "$ref" in schema:
-        return check(value, doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], doc, where)
-    if "oneOf" in schema:
-        matches = 0
-        for option in schema["oneOf"]:
-            try:
-                check(value, option, doc, where)
-                matches += 1
-            except AssertionError:
-                pass
-        assert matches == 1, f"{where}: matches {matches} of oneOf"
-    kinds = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
-             "boolean": bool, "null": type(None)}
-    if "type" in schema:
-        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        ok = any(isinstance(value, kinds[t]) and not (t in ("integer", "number") and isinstance(value, bool))
-                 for t in types)
-        assert ok, f"{where}: {value!r:.80} is not {types}"
-    if "enum" in schema:
-        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
-    if isinstance(value, dict):
-        for key in schema.get("required", []):
-            assert key in value, f"{where}: missing required {key!r}"
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in props:
-                check(item, props[key], doc, f"{where}.{key}")
-            elif extra is False:
-                raise AssertionError(f"{where}: undocumented property {key!r}")
-            elif isinstance(extra, dict):
-                check(item, extra, doc, f"{where}.{key}")
-        assert len(value) <= schema.get("maxProperties", len(value))
-    if isinstance(value, list):
-        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)), where
-        for i, item in enumerate(value):
-            check(item, schema.get("items", {}), doc, f"{where}[{i}]")
+    """`value` validates against `schema` of the served document `doc` (JSON Schema 2020-12, OpenAPI 3.1's
+    dialect; `$ref`s resolve inside `doc`), else an AssertionError saying where."""
+    error = best_match(Draft202012Validator({**schema, "components": doc["components"]}).iter_errors(value))
+    assert error is None, f"{where}: {error.json_path}: {error.message:.300}"
+
+
+def valid(value, schema: dict, doc: dict) -> bool:
+    return Draft202012Validator({**schema, "components": doc["components"]}).is_valid(value)
+
+
+def request_schema(doc: dict, path: str) -> dict:
+    return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def agrees(url: str, cases: list[tuple[str, dict, int]]) -> None:
+    """Each body is answered 2xx exactly when the served document's request schema takes it, and with the status
+    the case expects (so the table says which side it holds, and neither side can drift alone)."""
+    doc = requests.get(url + "/openapi.json", timeout=10).json()
+    wrong = []
+    for path, body, status in cases:
+        r = requests.post(url + path, json=body, timeout=60)
+        takes = valid(body, request_schema(doc, path), doc)
+        if r.status_code != status or takes != (status < 300):
+            wrong.append(f"{path} {json.dumps(body)[:160]}: server {r.status_code} (expected {status}) "
+                         f"{r.text[:200]}, schema {'takes' if takes else 'refuses'} it")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_documents_exactly_the_served_routes(agent):
@@ -88,9 +87,6 @@ def test_real_responses_validate(server, billing_questions):
         content = doc["paths"][path][method]["responses"][str(status)]["content"]
         return next(iter(content.values()))["schema"]
 
-    def request_schema(path):
-        return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-
     calls = [
         ("/decide", {"state": BILLING_STATE, "questions": billing_questions, "min_confidence": 0.5}),
         ("/decide", {"state": {"message": BILLING_STATE}, "preset": "support-triage"}),
@@ -99,7 +95,7 @@ def test_real_responses_validate(server, billing_questions):
         ("/v1/systemone/batch", {"states": [BILLING_STATE], "questions": billing_questions}),
     ]
     for path, body in calls:
-        check(body, request_schema(path), doc, f"request {path}")
+        check(body, request_schema(doc, path), doc, f"request {path}")
         r = requests.post(server.url + path, json=body, timeout=60)
         assert r.status_code == 200, r.text
         check(r.json(), response_schema(path, "post", 200), doc, f"response {path}")
@@ -109,3 +105,101 @@ def test_real_responses_validate(server, billing_questions):
         r = requests.get(server.url + path, timeout=10)
         assert r.status_code == 200
         check(r.json(), response_schema(path, "get", 200), doc, path)
+
+
+def q(**fields) -> dict:
+    return {"questions": {"q": {"type": "choice", "instructions": "Which fits?", "criteria": ["a", "b"], **fields}}}
+
+
+def noul(**fields) -> dict:
+    return {"questions": {"q": {"type": "noul", "instructions": "Is it so?", **fields}}}
+
+
+def test_request_schemas_take_what_the_laya_routes_answer(server, billing_questions):
+    """Found with jsonschema against the served document: bodies it refused were answered 200 (instructions written
+    as JSON, null budgets and presets, systemone's loose controls) and bodies it took were refused 422 (unknown
+    question fields, unknown gate buckets, empty questions); `option_order` was not documented at all."""
+    s = {"state": BILLING_STATE}
+    qs = {"questions": billing_questions}
+    cases = [
+        ("/decide", {**s, **qs}, 200),
+        ("/decide", {**s, **noul(instructions=5)}, 200),                         # written as JSON (docs/laya.md)
+        ("/decide", {**s, **noul(instructions={"ask": "leaving?"})}, 200),
+        ("/decide", {**s, **noul(instructions=True)}, 422),
+        ("/decide", {**s, **noul(instructions="  ")}, 422),
+        ("/decide", {**s, **noul(instructions=[])}, 422),
+        ("/decide", {**s, **qs, "max_len": None, "head_max_len": None, "min_confidence": None}, 200),
+        ("/decide", {**s, **qs, "preset": None}, 200),
+        ("/decide", {**s, "preset": None}, 422),                                 # nothing to ask
+        ("/decide", {**s, "preset": "support-triage"}, 200),
+        ("/decide", {**s, "preset": "nope"}, 422),
+        ("/decide", {**s, **qs, "preset": "support-triage"}, 422),
+        ("/decide", {**s, **qs, "max_len": 0}, 422),
+        ("/decide", {**s, **qs, "max_len": 1025}, 422),                          # past bert-tiny's positions
+        ("/decide", {**s, **q(bogus=1)}, 422),                                   # unknown question field
+        ("/decide", {**s, **q(labels={"false": "n", "true": "y"})}, 422),        # labels are noul's
+        ("/decide", {**s, **noul(labels={"false": "n", "true": "y"})}, 200),
+        ("/decide", {**s, **noul(criteria={"TRUE": "they say so"})}, 200),
+        ("/decide", {**s, **noul(criteria={"maybe": "x"})}, 422),
+        ("/decide", {**s, **q(option_order=[1, 0])}, 200),
+        ("/decide", {**s, **q(option_order=[0, 0])}, 422),
+        ("/decide", {**s, **q(criteria=["only"])}, 200),                         # as the official runtime answers
+        ("/decide", {**s, **q(criteria=[])}, 422),
+        ("/decide", {**s, **q(criteria=["a", "a"])}, 422),
+        ("/decide", {**s, **q(type="score", criteria=["one level"])}, 422),
+        ("/decide", {**s, **q(type="score", criteria=["low", "high"])}, 200),
+        ("/decide", {**s, "questions": {"q": {"type": "choice", "instructions": "Which?"}}}, 422),
+        ("/decide", {**s, "questions": {" ": {"type": "noul", "instructions": "Is it so?"}}}, 422),
+        ("/decide", {**s, **qs, "min_confidence": {"bogus": 0.5}}, 422),
+        ("/decide", {**s, **qs, "min_confidence": {"choice:3-5": 0.5, "default": 0.2}}, 200),
+        ("/decide", {**s, **qs, "min_confidence": {"default": 2}}, 422),
+        ("/decide", {**s, "questions": {}}, 422),
+        ("/decide", {"state": None, **qs}, 422),
+        ("/decide/batch", {"states": [], **qs}, 422),
+        ("/decide/batch", {"states": ["a", "b"], "questions": {}}, 422),
+        ("/decide/batch", {"states": ["a", {"t": "b"}], **qs, "preset": None}, 200),
+        ("/v1/systemone", {**s, **qs, "model": 5, "task": None, "lang": None, "lang_guess": "de"}, 200),
+        ("/v1/systemone", {**s, **qs, "task": 5}, 422),
+        ("/v1/systemone", {**s, **qs, "lang": 5}, 422),
+        ("/v1/systemone", {**s, "questions": {}}, 200),                          # laya-serve answers {} too
+        ("/v1/systemone", {**s, **q(bogus=1)}, 422),
+        ("/v1/systemone/batch", {"states": ["a"], **qs, "batch_size": 2, "sort_by_length": None}, 200),
+        ("/v1/systemone/batch", {"states": ["a"], **qs, "batch_size": "x"}, 422),
+        ("/v1/systemone/batch", {"states": ["a"], **qs, "batch_size": 0}, 422),
+        ("/v1/systemone/batch", {"states": ["a"], **qs, "batch_size": True}, 422),
+        ("/v1/systemone/batch", {"states": ["a"], **qs, "sort_by_length": "yes"}, 422),
+    ]
+    agrees(server.url, cases)
+
+
+@pytest.mark.slow
+def test_a_students_document_describes_the_student(student_folder, tmp_path):
+    """Under --student the document offered a Laya model's budgets (max_len up to 8192, "laya-mini: 512") and any
+    question, which the student refuses: it offers the student's own questions, as distilled, and no budgets."""
+    server = ServerProcess(tmp_path / "serve.log", ["--student", str(student_folder)]).running()
+    try:
+        own = STUDENT_TASK["questions"]
+        churn = {"churn": own["churn"]}
+        s = {"state": BILLING_STATE}
+        cases = [
+            ("/decide", s, 200),
+            ("/decide", {**s, "questions": churn}, 200),
+            ("/decide", {**s, "questions": ["churn", "department"]}, 200),
+            ("/decide", {**s, "questions": None}, 200),
+            ("/decide", {**s, "questions": {}}, 422),
+            ("/decide", {**s, "questions": {"churn": 5}}, 422),
+            ("/decide", {**s, "questions": {"churn": {**own["churn"], "instructions": "Leaving?"}}}, 422),
+            ("/decide", {**s, "questions": {"urgency": {"type": "noul", "instructions": "Urgent?"}}}, 422),
+            ("/decide", {**s, "max_len": 32}, 422),
+            ("/decide", {**s, "head_max_len": 32}, 422),
+            ("/decide", {**s, "preset": "support-triage"}, 422),                 # not its questions
+            ("/decide", {**s, "min_confidence": 0.5}, 200),
+            ("/decide/batch", {"states": ["a", "b"], "questions": churn}, 200),
+            ("/v1/systemone", {**s, "questions": churn, "model": "x"}, 200),
+            ("/v1/systemone", {**s, "questions": churn, "max_len": 32}, 422),
+        ]
+        agrees(server.url, cases)
+        doc = requests.get(server.url + "/openapi.json", timeout=10).json()
+        assert "laya-mini" not in json.dumps(doc["components"]["schemas"]["DecideRequest"])
+    finally:
+        server.stop()
