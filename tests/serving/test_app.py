@@ -156,7 +156,8 @@ def _options(n):
      422, "invalid_request", "questions.q.state"),
     ("/decide", {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?", "lang": 1}}},
      422, "invalid_request", "questions.q.lang"),
-    ("/decide", {"state": "x", "questions": {}, "max_len": -1}, 422, "invalid_request", "max_len"),
+    ("/decide", {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}, "max_len": -1}, 422,
+     "invalid_request", "max_len"),
     ("/decide", {"state": "x", "questions": {}, "temperature": 2}, 422, "invalid_request", "temperature"),
     ("/decide", [1, 2], 422, "invalid_request", "body"),
 ])
