@@ -30,8 +30,9 @@ class GatewayMetrics:
         self.errors = PCounter("pagoda_gateway_upstream_errors", "requests an upstream did not answer, or whose "
                                "stream broke, by kind (connect, timeout, reset, invalid_response)",
                                [*labels, "kind"], registry=r)
-        self.disconnects = PCounter("pagoda_gateway_client_disconnects", "streams the client left before the "
-                                    "upstream finished (the upstream request was closed)", labels, registry=r)
+        self.disconnects = PCounter("pagoda_gateway_client_disconnects", "requests (streamed or whole) the client "
+                                    "left before the upstream finished (the upstream request was closed)", labels,
+                                    registry=r)
         self.latency = Histogram("pagoda_gateway_upstream_latency_seconds", "request sent to its last byte "
                                  "received", labels, buckets=LATENCY_BUCKETS, registry=r)
         self.ttfb = Histogram("pagoda_gateway_upstream_ttfb_seconds", "request sent to the first byte of the "

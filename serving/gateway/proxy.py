@@ -36,8 +36,10 @@ REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}  # the gateway 
 # The gateway's WSGI server writes its own Date and Server (a second copy would be two headers).
 RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 READ_SIZE = 1 << 16
+SEQUENCE_NUMBER = b'"sequence_number"'
 
-# the event that ends a broken stream, from what broke and the last whole events the client got
+# the event that ends a broken stream, from what broke and the last whole events the client got that carried a
+# `sequence_number` (the Responses API numbers its events; the error event takes the next number)
 ErrorEvent = Callable[[Failure, Upstream, bytes], bytes]
 
 
@@ -159,7 +161,7 @@ class Relay:
         source = (resp.read_chunked(decode_content=False) if resp.chunked
                   else iter(lambda: resp.read1(READ_SIZE, decode_content=False), b""))
         events = self.error_event is not None
-        tail = last = b""
+        tail = numbered = b""
         first = True
         while True:
             try:
@@ -179,15 +181,15 @@ class Relay:
             data = tail + chunk if tail else chunk
             end = _events_end(data)
             if end == len(data):
-                tail = b""
-                last = data
-                yield data
+                tail, whole = b"", data
             elif end:
-                tail = data[end:]
-                last = data[:end]
-                yield last
+                tail, whole = data[end:], data[:end]
             else:
                 tail = data
+                continue
+            if SEQUENCE_NUMBER in whole:  # numbers only grow: the last numbered events hold the highest
+                numbered = whole
+            yield whole
         self.finished = True
         if failure is None:
             if tail:
@@ -201,7 +203,7 @@ class Relay:
         self._release(ok=False)
         if not events:  # a plain body has no in-band error: cut the connection so the client sees it short
             raise UpstreamFailed(self.upstream, failure)
-        yield self.error_event(failure, self.upstream, last)
+        yield self.error_event(failure, self.upstream, numbered)
 
     def _release(self, ok: bool) -> None:
         if self.closed:

@@ -174,16 +174,17 @@ class GatewayApi:
         return json.dumps(rewritten, ensure_ascii=False).encode()
 
 
-def error_event(request_id: str, path: str, failure: Failure, upstream: Upstream, last: bytes) -> bytes:
+def error_event(request_id: str, path: str, failure: Failure, upstream: Upstream, numbered: bytes) -> bytes:
     """The event that ends a stream the upstream broke, in the route's error shape, then `[DONE]`; on the
     Responses API its typed `error` event, which ends a stream there (no `[DONE]`), numbered after the last
-    event the client got (`last`: the last whole events forwarded). Bound to the request when it is sent: the
-    stream runs after the request context is gone."""
+    event the client got (`numbered`: the last whole events forwarded that carried numbers; a keep-alive comment
+    after them has none). Bound to the request when it is sent: the stream runs after the request context is
+    gone."""
     body = error_body(f"upstream {upstream.group} ({upstream.url}): the stream broke: {failure.words}",
                       failure.type, None, request_id)
     if path == "/v1/responses":
         err = openai_dialect(body)["error"]
-        numbers = [int(n) for n in SEQUENCE_NUMBER.findall(last)]
+        numbers = [int(n) for n in SEQUENCE_NUMBER.findall(numbered)]
         return sse({"type": "error", "code": err["code"], "message": err["message"], "param": None,
                     "sequence_number": max(numbers) + 1 if numbers else 0}, event="error").encode()
     return (sse(openai_dialect(body) if path.startswith("/v1/") else body) + DONE).encode()

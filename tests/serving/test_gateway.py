@@ -365,6 +365,8 @@ def test_a_dead_replica_is_retried_on_the_other_and_a_timeout_is_504(procs, edge
     assert metric(gw, "pagoda_gateway_upstream_errors_total", upstream=edge.url, kind="timeout") == 1
 
 
+NUMBERED = b"".join(b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"a",'
+                    b'"sequence_number":%d}\n\n' % i for i in range(4))
 WHOLE_EVENT = (b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
                b'"text":"hi","logprobs":null,"finish_reason":null}]}\n\n')
 
@@ -431,10 +433,14 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
                          + b"%X\r\n%s\r\n" % (len(WHOLE_EVENT), WHOLE_EVENT) + b"9\r\ndata: {\"i\r\n",
                "badchunk": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                            b"\r\nZZZ\r\nhello\r\n",
-               "trickle": trickle}
+               "trickle": trickle,
+               # the Responses API's numbered events in one chunk, a keep-alive comment alone, then the end
+               "numbered": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           + b"%X\r\n%s\r\n" % (len(NUMBERED), NUMBERED) + b"E\r\n: keep-alive\n\n\r\n"}
 
     def reply(conn: socket.socket, data: bytes) -> None:
-        kind = replies[json.loads(data.split(b"\r\n\r\n", 1)[1])["prompt"]]
+        body = json.loads(data.split(b"\r\n\r\n", 1)[1])
+        kind = replies[body.get("prompt") or body.get("input")]
         kind(conn) if callable(kind) else conn.sendall(kind)
 
     with raw_upstream(reply) as port:
@@ -466,6 +472,10 @@ def test_invalid_answers_and_resets_are_502_naming_the_upstream(tmp_path):
             assert next(stream).choices[0].text == "hi"
             with pytest.raises(openai.APIError, match="the stream broke"):
                 next(stream)
+            r = requests.post(gw.url + "/v1/responses", json={"input": "numbered", "stream": True}, timeout=30)
+            events = [e for e in r.content.split(b"\n\n") if e]
+            assert events[-1].startswith(b"event: error\n") and len(events) == 6, events  # the comment went through
+            assert json.loads(events[-1].split(b"data: ", 1)[1])["sequence_number"] == 4  # after 0-3, not 0 again
             assert requests.get(gw.url + "/health", timeout=5).status_code == 200  # the gateway is fine
         finally:
             gw.stop()
