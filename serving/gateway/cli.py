@@ -44,7 +44,7 @@ def _gateway(args: argparse.Namespace) -> int:
     try:
         cfg = GatewayConfig.load(flags)
         groups = list(dict.fromkeys(spec.group for spec in cfg.upstreams))
-        rules = Rules.load(cfg.route, groups) if cfg.route else Rules.plain(groups)
+        rules = Rules.load(cfg.route, groups, _positions(cfg)) if cfg.route else Rules.plain(groups)
     except ValueError as exc:  # one line and exit 2, as every command answers a bad flag
         print(f"pagoda gateway: error: {exc}", file=sys.stderr)
         return 2
@@ -52,6 +52,17 @@ def _gateway(args: argparse.Namespace) -> int:
 
     GatewayServer(cfg, rules).run()
     return 0
+
+
+def _positions(cfg: GatewayConfig) -> int | None:
+    """The routing model's encoder positions from its config alone (None for a student, whose budgets are
+    fixed, or where the folder cannot say): a route file's max_len past them is refused before any fork."""
+    if cfg.student:
+        return None
+    from laya.layout import checkpoint_positions
+    from laya.paths import default_model_dir
+
+    return checkpoint_positions(cfg.model or default_model_dir())
 
 
 def _bench(args: argparse.Namespace) -> int:

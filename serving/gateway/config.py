@@ -77,6 +77,10 @@ class GatewayConfig(FrontSettings):
                                        positive=True)
     decision_max_wait_ms: float = option(2.0, "how long the decision batcher may wait for requests still being "
                                               "prepared to share a forward pass", minimum=0)
+    decision_max_chars: int = option(50000, "the most characters of a request the rules' questions read: a longer "
+                                            "text is cut to its first (a conversation to its last) this many, so "
+                                            "a long prompt costs its decision no more than this (the routing "
+                                            "model reads at most its max_len tokens of them)", minimum=1)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,7 +9,6 @@ failure: the request takes the default group, and the reason says so.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,7 +21,7 @@ from laya.errors import InputError
 from serving.decide.metrics import DecideMetrics
 from serving.decide.schema import DecideRequest
 from serving.decide.service import Service
-from serving.errors import ApiError
+from serving.errors import ApiError, parse_json
 from serving.gateway.config import GatewayConfig
 from serving.gateway.rules import Rules
 
@@ -42,12 +41,31 @@ class Route:
 
 
 def read_body(body: bytes) -> dict | None:
-    """The request as JSON when it is an object; anything else is the upstream's to refuse."""
+    """The request as JSON when it is an object JSON can mean; anything else is the upstream's to refuse, in its
+    own words. Read as strictly as `pagoda serve` reads it (`parse_json`): a body nested past the limit, one
+    naming a key twice or holding 1e400 is forwarded untouched and never rewritten (a rewrite through a lenient
+    parser would change what the upstream sees: the last duplicate kept, 1e400 sent as Infinity)."""
     try:
-        parsed = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        parsed = parse_json(body)
+    except ApiError:
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def bounded(state: Any, limit: int) -> Any:
+    """`state` cut to `limit` characters of text, keeping what the routing model reads: a text's start, a
+    conversation's end (laya keeps the end of a list state). Cutting the rest changes no answer while the
+    model's max_len tokens fit in `limit` characters, and bounds what tokenising a huge prompt costs."""
+    if isinstance(state, str):
+        return state[:limit]
+    kept: list[dict] = []
+    for turn in reversed(state):
+        if limit <= 0:
+            break
+        content = turn["content"][-limit:]
+        kept.append({**turn, "content": content})
+        limit -= len(content)
+    return kept[::-1]
 
 
 def request_state(source: str, path: str, body: dict) -> Any:
@@ -101,6 +119,7 @@ class Decisions:
 
     def __init__(self, cfg: GatewayConfig, rules: Rules, registry: CollectorRegistry):
         self.rules = rules
+        self.max_chars = cfg.decision_max_chars
         self.service = Service(cfg.decide_config(), DecideMetrics(registry), cfg.decision_timeout_s)
 
     @property
@@ -139,6 +158,7 @@ class Decisions:
             state = request_state(ask.input, path, body)
             if state is None:
                 continue
+            state = bounded(state, self.max_chars)
             req = DecideRequest(states=[state], questions=ask.questions, budgets=self.rules.budgets)
             results, _ = self.service.decide(req, time.monotonic(), request_id, batch=False)
             out.update(results[0]["answers"])
@@ -157,11 +177,9 @@ class Router:
         model = body.get("model")
         if isinstance(model, str) and model in rules.explicit:
             return Route(model, "explicit")
-        if self.decisions is None:
-            return Route(rules.default, "default")
         started = time.monotonic()
-        try:
-            answers = self.decisions.answers(path, body, request_id)
+        try:  # no questions (rules over nothing, e.g. `true`): the rules still decide, over no answers
+            answers = self.decisions.answers(path, body, request_id) if self.decisions is not None else {}
         except (ApiError, InputError) as exc:
             log.warning("request %s: no routing decision (%s); default route", request_id, exc)
             return Route(rules.default, "decision_failed", time.monotonic() - started)

@@ -72,7 +72,7 @@ class GatewayApi:
             self.decisions.load_in_background()
         self.router = Router(self.rules, self.decisions)
         # Only what routing needs is parsed: one upstream group and no rules is a pure pass-through.
-        self._reads_body = bool(self.rules.explicit or self.rules.asks or self.cfg.retry
+        self._reads_body = bool(self.rules.explicit or self.rules.asks or self.rules.policy.rules or self.cfg.retry
                                 or len(self.upstreams.groups) > 1)
         threading.Thread(target=self._wait_loaded, name="pagoda-gateway-ready", daemon=True).start()
         self.upstreams.start_checks(self._checked.set)

@@ -19,8 +19,9 @@ one rules language in the project. Everything is checked when the gateway starts
 forks, and an error names the rule, the question or the key: laya's own parser checks the questions; each
 rule's paths must read a question the file asks and a field its answer has (checked against a sample
 answer from `laya.answers`, so this file holds no list of answer fields); every group named must be an
-upstream group. A rule that could only ever be null is a typo, and a typo found at start is a deploy
-that did not happen rather than a route that silently never fires.
+upstream group; a rule that compares a choice with a label it does not have, and a question no rule
+reads, are refused too. A rule that could only ever be null (or constant) is a typo, and a typo found at
+start is a deploy that did not happen rather than a route that silently never fires.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from laya.errors import InputError
 from laya.questions import parse_question
 from laya.rows import Budgets
 from serving.decide.mapping_file import read_mapping
-from serving.decide.policy import Policy, PolicyError
+from serving.decide.policy import Compare, Const, Logic, Lookup, Policy, PolicyError
 
 INPUTS = ("last_user", "conversation")  # and field:<path>
 FILE_KEYS = ("questions", "routes", "default", "fallback", "explicit", "budgets")
@@ -67,20 +68,22 @@ class Rules:
                    explicit=frozenset(groups) if len(groups) > 1 else frozenset())
 
     @classmethod
-    def load(cls, path: str, groups: list[str]) -> Rules:
-        """`groups`: the upstream groups, in --upstream order. Any mistake is a ValueError naming it."""
+    def load(cls, path: str, groups: list[str], positions: int | None = None) -> Rules:
+        """`groups`: the upstream groups, in --upstream order; `positions`: the routing model's encoder positions
+        where they are known before it loads (a budget past them fails here, not in a forked worker). Any
+        mistake is a ValueError naming it."""
         data = read_mapping(path, "route")
         try:
-            return cls._parse(data, groups)
+            return cls._parse(data, groups, positions)
         except (ValueError, InputError) as exc:
             raise ValueError(f"route file {path}: {exc}") from None
 
     @classmethod
-    def _parse(cls, data: dict, groups: list[str]) -> Rules:
+    def _parse(cls, data: dict, groups: list[str], positions: int | None = None) -> Rules:
         unknown = sorted(str(k) for k in set(data) - set(FILE_KEYS))
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r}; a route file has {', '.join(FILE_KEYS)}")
-        budgets = _budgets(data.get("budgets"))
+        budgets = _budgets(data.get("budgets"), positions)
         asks, parsed = _asks(data.get("questions") or {})
         routes = data.get("routes") or {}
         if not isinstance(routes, dict):
@@ -104,6 +107,10 @@ class Rules:
             allowed = frozenset(_group(g, "explicit", groups) for g in explicit)
         else:
             raise ValueError(f"explicit must be true, false or a list of groups, got {explicit!r}")
+        read = {path[0] for rule in policy.rules for path in rule.paths()}
+        unread = [q.name for q in parsed if q.name not in read]
+        if unread:  # it would cost a decision on every request and change no route
+            raise ValueError(f"question {unread[0]!r} is read by no rule; a question is asked only for the routes")
         return cls(asks=asks, policy=policy, default=default, fallback=fallback, explicit=allowed, budgets=budgets)
 
 
@@ -117,7 +124,8 @@ def _asks(questions: Any) -> tuple[list[Ask], list]:
             raise ValueError(f"question {name!r}: definition must be a mapping, got {type(qdef).__name__}")
         qdef = dict(qdef)
         source = qdef.pop("input", "last_user")
-        if not isinstance(source, str) or not (source in INPUTS or (source.startswith("field:") and source[6:])):
+        if not isinstance(source, str) or not (source in INPUTS or (
+                source.startswith("field:") and all(source[6:].split(".")))):
             raise ValueError(f"question {name!r}: field 'input': must be one of {', '.join(INPUTS)} or "
                              f"field:<dotted.path>, got {source!r}")
         parsed.append(parse_question(name, qdef))
@@ -125,7 +133,7 @@ def _asks(questions: Any) -> tuple[list[Ask], list]:
     return [Ask(source, qs) for source, qs in by_input.items()], parsed
 
 
-def _budgets(budgets: Any) -> dict[str, Any]:
+def _budgets(budgets: Any, positions: int | None) -> dict[str, Any]:
     if budgets is None:
         return {}
     if not isinstance(budgets, dict):
@@ -134,6 +142,9 @@ def _budgets(budgets: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"budgets: unknown key {unknown[0]!r}; budgets are {', '.join(BUDGET_KEYS)}")
     Budgets(**{k: v for k, v in budgets.items() if k != "min_confidence"})
+    max_len = budgets.get("max_len")
+    if positions is not None and isinstance(max_len, int) and max_len > positions:
+        raise ValueError(f"budgets.max_len: {max_len} is more than the routing model's {positions} positions")
     check_min_confidence(budgets.get("min_confidence"))
     return dict(budgets)
 
@@ -165,9 +176,31 @@ def _check_rule(rule, groups: list[str], sample: dict[str, dict]) -> None:
             hint = " (gate fields need budgets.min_confidence)" if path[1] in GATE_FIELDS else ""
             raise ValueError(f"{where}: {'.'.join(path)} is never in an answer of {kind} question {question!r}"
                              f"{hint}")
+    for lookup, label in _labels_compared(rule.node):
+        question = sample[lookup.parts[0]]
+        if lookup.parts[1] == "choice" and label not in question["probabilities"]:
+            labels = ", ".join(repr(k) for k in question["probabilities"])
+            raise ValueError(f"{where}: {'.'.join(lookup.parts)} is never {label!r}; the question's labels are "
+                             f"{labels}")
     result = rule.node.evaluate(sample)
     if result is not None and not isinstance(result, bool):
         raise ValueError(f"{where}: must be a condition (true or false); it gives {result!r}")
+
+
+def _labels_compared(node: Any) -> list[tuple[Lookup, Any]]:
+    """Every `q.choice == 'label'` (or `!=`, either way round) in a rule: a label the question does not have
+    makes the comparison constant, a typo as sure as a path to a question the file does not ask."""
+    found = []
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Compare) and node.op in ("==", "!="):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
+                if isinstance(a, Lookup) and len(a.parts) == 2 and isinstance(b, Const):
+                    found.append((a, b.value))
+        stack.extend(node.operands if isinstance(node, Logic) else
+                     [getattr(node, side) for side in ("left", "right", "operand") if hasattr(node, side)])
+    return found
 
 
 def _group(name: Any, key: str, groups: list[str]) -> str:

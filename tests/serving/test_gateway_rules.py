@@ -18,7 +18,7 @@ from urllib3.util import SKIP_HEADER
 from serving.gateway.config import GatewayConfig
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.proxy import request_headers
-from serving.gateway.router import Decisions, Router, request_state
+from serving.gateway.router import Decisions, Router, bounded, read_body, request_state
 from serving.gateway.rules import Rules
 from serving.gateway.upstreams import Upstreams
 
@@ -82,12 +82,31 @@ def test_without_a_file_the_first_group_is_the_default_and_groups_may_be_named()
     ({"budgets": {"max_len": 0}}, ["max_len"]),
     ({"budgets": {"max_length": 10}}, ["budgets", "max_length"]),
     ({"route": {}}, ["unknown key 'route'"]),
+    # a question no rule reads costs a decision per request and changes no route; so does a file of questions only
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.noul > 0.7 or tier.score > 1"}},
+     ["question 'topic'", "read by no rule"]),
+    ({"questions": {"q": QUESTIONS["needs_reasoning"]}}, ["question 'q'", "read by no rule"]),
+    # a label the choice does not have makes the comparison constant, either way round and negated
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.noul > 0.7 or tier.score > 1 or "
+                                                     "topic.choice == 'physics'"}},
+     ["rule 'frontier'", "topic.choice is never 'physics'", "'code', 'chat', 'maths'"]),
+    ({"questions": QUESTIONS, "routes": {"frontier": "needs_reasoning.noul > 0.7 and tier.score > 1 and "
+                                                     "not ('Maths' != topic.choice)"}},
+     ["rule 'frontier'", "never 'Maths'"]),
+    ({"questions": {"q": {"type": "noul", "instructions": "x", "input": "field:.."}}}, ["question 'q'", "input"]),
+    ({"questions": {"q": {"type": "noul", "instructions": "x", "input": "field:user."}}}, ["question 'q'", "input"]),
 ])
 def test_a_bad_file_is_refused_naming_what_is_wrong(tmp_path, data, words):
     with pytest.raises(ValueError) as err:
         load(tmp_path, data)
     message = str(err.value)
     assert message.startswith(f"route file {tmp_path}") and all(w in message for w in words), message
+
+
+def test_a_budget_past_the_routing_models_positions_is_refused_at_start(tmp_path):
+    with pytest.raises(ValueError, match=r"budgets.max_len: 100000000 is more than the routing model's 512"):
+        Rules.load(write(tmp_path, {"budgets": {"max_len": 100_000_000}}), GROUPS, positions=512)
+    assert Rules.load(write(tmp_path, {"budgets": {"max_len": 512}}), GROUPS, positions=512).budgets["max_len"] == 512
 
 
 def test_pagoda_gateway_stops_at_start_naming_the_rule(tmp_path):
@@ -138,6 +157,37 @@ def test_explicit_model_names_a_group_only_when_allowed(tmp_path):
     assert router.route("/v1/chat/completions", {"model": "frontier"}, "r").reason == "explicit"
     assert router.route("/v1/chat/completions", {"model": "edge"}, "r").reason == "default"
     assert router.route("/v1/chat/completions", None, "r").group == "edge"
+
+
+def test_rules_that_read_no_question_route_without_a_decision(tmp_path):
+    """`frontier: "true"` switches every request to frontier; with no questions there is no decision model,
+    and the rules were once skipped for want of one."""
+    rules = load(tmp_path, {"routes": {"frontier": "true"}, "default": "edge"})
+    route = Router(rules, None).route("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "r")
+    assert (route.group, route.reason, route.decision_s) == ("frontier", "rule", None)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"messages": ' + b"[" * 2000 + b"]" * 2000 + b"}",       # past the nesting limit (a RecursionError: a 500)
+    b'{"model": "edge", "max_tokens": 3, "max_tokens": 4}',     # a rewrite would keep only the last
+    b'{"model": "edge", "temperature": 1e400}',                # a rewrite would send Infinity
+    b'[1, 2]', b"not json",
+])
+def test_a_body_json_cannot_mean_is_forwarded_untouched(body):
+    """Read as strictly as `pagoda serve` reads it: the upstream refuses it in its own words, and the gateway
+    neither fails on it nor rewrites it."""
+    assert read_body(body) is None
+    assert read_body(b'{"model": "edge", "temperature": 0.7}') == {"model": "edge", "temperature": 0.7}
+
+
+def test_what_routing_reads_of_a_long_prompt_is_bounded():
+    """A text's start and a conversation's end are what the routing model reads (laya keeps the end of a list
+    state): the rest is cut before tokenising."""
+    assert bounded("abcdef", 4) == "abcd" and bounded("ab", 4) == "ab"
+    conversation = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": "answer"},
+                    {"role": "user", "content": "last"}]
+    assert bounded(conversation, 8) == [{"role": "assistant", "content": "swer"}, {"role": "user", "content": "last"}]
+    assert bounded(conversation, 100) == conversation
 
 
 def test_hop_by_hop_headers_are_dropped_and_the_request_id_is_added():
