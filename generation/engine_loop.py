@@ -126,6 +126,9 @@ class EngineLoop:
         self._handles: dict[str, RequestHandle] = {}  # every request not ended yet
         self._not_added = 0  # submitted, still in the inbox
         self._engine_waiting = 0  # the engine's waiting count after the loop's last step
+        # monotonic time the last engine step ended: read without the loop (a float is written whole), so a
+        # health check can tell a busy engine (steps still ending) from a stuck one
+        self.last_step_end = 0.0
         self._deadlines: dict[str, float] = {}  # loop thread only
         self._ids = itertools.count()
         self._closed = False  # no new submissions
@@ -304,6 +307,7 @@ class EngineLoop:
             log.exception("engine step failed; failing the requests in flight")
             self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
             return
+        self.last_step_end = time.monotonic()
         for event in events:
             self._deliver(event)
         with self._lock:

@@ -52,6 +52,8 @@ class GenerateConfig(Settings):
     max_tools: int = option(128, "most tools one chat request may define (OpenAI's own limit)", minimum=1)
     deadline_s: float = option(600.0, "a generation still running this long after it arrived is ended "
                                       "(504, or an error event in a stream)", positive=True)
+    health_timeout_s: float = option(20.0, "/health_generate: how long its one-token probe may wait; 503 when "
+                                           "neither it nor any engine step ended in that time", positive=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

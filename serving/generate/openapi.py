@@ -263,7 +263,8 @@ def openapi(cfg: GenerateConfig) -> dict:
         "/server_info": _route("get", "engine settings and live counters", ref("Object"), "Error", ("401", "503")),
         "/flush_cache": _route("post", "drop the prefix cache's unused blocks (pins stay)", ref("Object"), "Error",
                                ("401", "503")),
-        "/health_generate": _route("get", "200 once one token went through the engine", ref("Object"), "Error",
+        "/health_generate": _route("get", "200 `ok` once one token went through the engine, or `busy` when engine "
+                                   "steps went on ending while it waited; 503 saying why otherwise", ref("Object"), "Error",
                                    ("401", "503")),
     }
     return {"paths": paths, "schemas": schemas}

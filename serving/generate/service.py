@@ -387,18 +387,27 @@ class Service:
         with self._pins_lock:
             return self._pins.get(pin, [])
 
-    def health(self, timeout: float) -> None:
-        """One greedy token through the engine loop (SGLang's `/health_generate`): 503 if none comes."""
+    def health(self, timeout: float) -> str:
+        """One greedy token through the engine loop (SGLang's `/health_generate`): "ok" when it comes, "busy"
+        when it did not but engine steps went on ending meanwhile (long prefills ahead of it hold the step
+        budget: SGLang too counts any progress as healthy), else a 503 saying why: no step ended for
+        `timeout` (a stuck engine), or the probe's own error (a pool that pins fill)."""
         from generation.engine_loop import QueueFull
 
         loop = self.ready()
+        started = time.monotonic()
         try:
-            handle = loop.submit([0], SamplingParams(max_new_tokens=1, ignore_eos=True),
-                                 deadline=time.monotonic() + timeout)
+            handle = loop.submit([0], SamplingParams(max_new_tokens=1, ignore_eos=True), deadline=started + timeout)
         except QueueFull as exc:
             raise ApiError(503, f"server busy: {exc}", "overloaded", headers={"Retry-After": "1"}) from None
-        if handle.result(timeout + DRAIN_GRACE_S).finish_reason != "length":
-            raise ApiError(503, f"the engine produced no token within {timeout:g}s", "unhealthy")
+        out = handle.result(timeout + DRAIN_GRACE_S)
+        if out.finish_reason == "length":
+            return "ok"
+        if out.error:
+            raise ApiError(503, f"the engine could not run a one-token probe: {out.error}", "unhealthy")
+        if loop.last_step_end > started:
+            return "busy"
+        raise ApiError(503, f"no engine step ended within {timeout:g}s (--generate-health-timeout-s)", "unhealthy")
 
     def pin(self, ids: list[int], t0: float) -> dict:
         loop = self.ready()

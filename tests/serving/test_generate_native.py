@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import requests
+from serving_support import ServerProcess
 
 from generation import SamplingParams
 
@@ -212,3 +215,60 @@ def test_sglang_frontend_runs_gen_and_select_unchanged(gen, gen_engine, tiny_lla
         scores.append(sum(values) / len(values))
     assert all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(got["normalized"], scores))
     assert got["pick"] == choices[max(range(len(choices)), key=scores.__getitem__)]
+
+
+@pytest.fixture
+def narrow(tmp_path, long_llama):
+    """A server whose steps are small (8 tokens): a long prompt's prefill takes hundreds of steps; its pool
+    (2,100 blocks of 4) holds two such prompts, and pins can fill it."""
+    proc = ServerProcess(tmp_path / "narrow.log", [
+        "--generate-only", "--generate-model", str(long_llama), "--generate-name", "tiny-llama",
+        "--generate-block-size", "4", "--generate-num-blocks", "2100", "--generate-torch-threads", "1",
+        "--generate-max-num-batched-tokens", "8", "--generate-health-timeout-s", "0.3"])
+    yield proc.running()
+    proc.stop()
+
+
+def test_health_generate_tells_a_busy_engine_from_a_stuck_or_full_one(narrow):
+    """A long prefill holds every step's budget, so the probe's token waits past its timeout; steps still end,
+    so the engine is busy, not unhealthy (it was a 503 "no token", and a liveness probe restarted a working
+    server). A pool that pins fill is a 503 that says so."""
+    answers: list = []
+
+    def long_prompt(k: int) -> None:  # 500 steps of 8 tokens each
+        answers.append(requests.post(narrow.url + "/generate", timeout=120, json={
+            "input_ids": [5 + (i * k) % 200 for i in range(4000)], "sampling_params": {"max_new_tokens": 1}}))
+
+    workers = [threading.Thread(target=long_prompt, args=(k,)) for k in (1, 3)]
+    for worker in workers:  # one prefilling, one waiting ahead of the probe (first come, first served)
+        worker.start()
+    for _ in range(200):
+        stats = requests.get(narrow.url + "/stats", timeout=10).json()["generation"]
+        if stats["running_requests"] + stats["waiting_requests"] == 2:
+            break
+        time.sleep(0.01)
+    started = time.monotonic()
+    r = requests.get(narrow.url + "/health_generate", timeout=30)
+    busy = workers[1].is_alive()  # the prefills outlasted the probe's 0.3 s: the probe had to judge by steps
+    for worker in workers:
+        worker.join(120)
+    assert [a.status_code for a in answers] == [200, 200]
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == ("busy" if busy else "ok") and time.monotonic() - started < 10
+    assert busy, "the prefill ended before the probe's timeout: the test proves nothing on this machine"
+    assert requests.get(narrow.url + "/health_generate", timeout=30).json()["status"] == "ok"  # idle again
+
+    pins = []
+    for i in range(30):  # 100 blocks each, till the pool is full
+        p = requests.post(narrow.url + "/v1/pins", json={"input_ids": [5 + (j * (i + 7)) % 200 for j in range(400)]},
+                          timeout=30)
+        if p.status_code != 200:
+            assert p.status_code == 507, p.text
+            break
+        pins.append(p.json()["id"])
+    r = requests.get(narrow.url + "/health_generate", timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["type"] == "unhealthy"
+    assert "pin" in r.json()["error"]["message"], r.text  # the cause, not "no token within"
+    for pin in pins:
+        requests.delete(narrow.url + f"/v1/pins/{pin}", timeout=30)
+    assert requests.get(narrow.url + "/health_generate", timeout=30).json()["status"] == "ok"
