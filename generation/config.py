@@ -134,6 +134,9 @@ class EngineConfig:
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
+    # the share of the KV pool's blocks pins may hold, those being computed included: past it a pin is refused,
+    # so pins alone can never leave requests no room (a pool full of pins refused every request)
+    max_pinned_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         w = "EngineConfig"
@@ -149,6 +152,8 @@ class EngineConfig:
         _require(self.max_num_seqs >= 1, w, "max_num_seqs", "must be >= 1")
         _require(self.max_num_batched_tokens >= 1, w, "max_num_batched_tokens", "must be >= 1")
         _require(self.max_model_len is None or self.max_model_len >= 2, w, "max_model_len", "must be >= 2 (or None)")
+        _require(isinstance(self.max_pinned_fraction, int | float) and 0 <= self.max_pinned_fraction <= 1, w,
+                 "max_pinned_fraction", f"must be a number in [0, 1], got {self.max_pinned_fraction!r}")
         problem = thread_count_problem(self.num_threads)
         _require(problem is None, w, "num_threads", problem or "")
 

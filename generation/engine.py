@@ -196,6 +196,8 @@ class Engine:
         kept = self._pin(pin) if pin is not None else None
         seq = Sequence(prompt_ids=kept.tokens + ids if kept else ids, params=params, request_id=request_id,
                        index=index, pin=kept, pin_result=pin_result)
+        if pin_result:
+            self._check_pin_room(len(seq.prompt_ids) + params.max_new_tokens)
         # ahead of the request's own processors: the bias edits the raw logits (OpenAI's meaning) and
         # min_new_tokens masks the stopping tokens (never beside a grammar, which SamplingParams refuses), then
         # the grammar masks them, a masked token staying -inf whatever its bias. The grammar comes first among
@@ -440,6 +442,19 @@ class Engine:
             raise InvalidParam(f"pin: unknown or unpinned id {pin_id!r}", "pin")
         return kept
 
+    def _check_pin_room(self, tokens: int) -> None:
+        """Refuse a pin that would take pins (those being computed included) past `max_pinned_fraction` of the
+        pool: each holds its blocks until unpinned, and a pool they fill has no room for any request."""
+        need = self.blocks.blocks_for(tokens)
+        held = sum(len(p.blocks) for p in self._pins.values()) + sum(
+            self.blocks.blocks_for(len(s.prompt_ids) + s.params.max_new_tokens)
+            for s in self._requests.values() if s.pin_result)
+        limit = int(self.config.max_pinned_fraction * self.blocks.num_blocks)
+        if held + need > limit:
+            raise ValueError(f"pins would hold {held + need} of the KV pool's {self.blocks.num_blocks} blocks, past "
+                             f"the {limit} that max_pinned_fraction ({self.config.max_pinned_fraction:g}) allows: "
+                             "unpin some first")
+
     def pin(self, prompt: Prompt, *, cache_salt: str | None = None) -> str:
         """Compute `prompt`'s KV and keep it resident (never evicted) until `unpin(id)`. Returns its id."""
         (out,) = self.generate([prompt], SamplingParams(max_new_tokens=0, cache_salt=cache_salt), pin_result=True)
@@ -493,4 +508,7 @@ class Engine:
             "running_requests": len(s.running),
             "waiting_requests": len(s.waiting),
             "pins": len(self._pins),
+            "pinned_blocks": (pinned := sum(len(p.blocks) for p in self._pins.values())),
+            "pinned_bytes": pinned * self.runner.block_bytes,
+            "kv_pool_bytes": n * self.runner.block_bytes,
         }

@@ -38,6 +38,7 @@ class ModelRunner:
         self.block_size = cfg.block_size
         kvh, hd, layers = model_cfg.num_key_value_heads, model_cfg.head_dim, model_cfg.num_hidden_layers
         per_block = 2 * layers * cfg.block_size * kvh * hd * torch.empty((), dtype=self.dtype).element_size()
+        self.block_bytes = per_block  # one block's keys and values over every layer
         self.num_blocks = cfg.num_blocks or max(2, cfg.kv_cache_memory_mb * 2**20 // per_block)
         shape = (self.num_blocks, cfg.block_size, kvh, hd)
         self.kv = [

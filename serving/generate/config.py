@@ -38,6 +38,8 @@ class GenerateConfig(Settings):
     num_blocks: int | None = option(None, "KV pool size in blocks (overrides --generate-kv-cache-mb)", minimum=2)
     block_size: int = option(16, "tokens per KV block (the prefix cache's unit)", minimum=1)
     max_num_seqs: int = option(64, "most sequences decoding in one batch", minimum=1)
+    max_pinned_fraction: float = option(0.5, "the share of the KV pool pins (/v1/pins) may hold; past it a pin is "
+                                             "507, so pins never leave requests no room", minimum=0, maximum=1)
     max_num_batched_tokens: int = option(1024, "tokens per engine step: the prefill chunk size", minimum=1)
     chunked_prefill: bool = option(True, "split long prompts into chunks that share steps with decodes")
     max_model_len: int | None = option(None, "longest sequence, prompt plus output (default, and most: the "

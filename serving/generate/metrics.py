@@ -26,6 +26,8 @@ ENGINE_GAUGES = {
     "kv_utilization": "share of the KV pool held by requests, pins and the prefix cache",
     "prefill_skip_ratio": "share of prompt tokens served from the prefix cache so far",
     "pins": "pinned KV prefixes",
+    "pinned_bytes": "KV pool bytes pins hold (at most --generate-max-pinned-fraction of the pool)",
+    "kv_pool_bytes": "the KV pool's size in bytes (allocated once)",
 }
 
 

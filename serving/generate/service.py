@@ -66,7 +66,7 @@ def build_engine(cfg: GenerateConfig, model: str | None) -> Any:
             model=model, cache_backend=cfg.cache_backend, device=cfg.device, dtype=cfg.dtype, block_size=cfg.block_size,
             num_blocks=cfg.num_blocks, kv_cache_memory_mb=cfg.kv_cache_mb, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, chunked_prefill=cfg.chunked_prefill,
-            scheduling=cfg.scheduling, max_model_len=cfg.max_model_len))
+            scheduling=cfg.scheduling, max_model_len=cfg.max_model_len, max_pinned_fraction=cfg.max_pinned_fraction))
     except InvalidParam as exc:  # a setting only the model can judge (a length past its positions): by its flag
         name = {"kv_cache_memory_mb": "kv_cache_mb"}.get(exc.field, exc.field)
         if name not in {f.name for f in dataclasses.fields(cfg)}:

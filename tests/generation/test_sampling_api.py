@@ -185,8 +185,28 @@ def test_pin_keeps_prefix_and_branches_hit_fully(tiny_llama):
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
+def test_pins_may_hold_at_most_their_share_of_the_pool(tiny_llama):
+    """One client pinning prompt after prompt could fill the pool and leave every request no room; pins
+    (those being computed included) stop at `max_pinned_fraction` of it, and what they hold is reported."""
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=40))  # default share: half, 20
+    first = engine.pin(list(range(10, 50)))  # 40 tokens: 10 blocks
+    engine.pin(list(range(60, 96)))  # 9 more: 19
+    with pytest.raises(ValueError, match=r"pins would hold 21 of the KV pool's 40 blocks, past the 20 that "
+                                         r"max_pinned_fraction \(0.5\) allows"):
+        engine.pin(list(range(100, 108)))
+    stats = engine.stats()
+    assert stats["pins"] == 2 and stats["pinned_blocks"] == 19
+    assert stats["pinned_bytes"] == 19 * engine.runner.block_bytes and stats["kv_pool_bytes"] == 40 * engine.runner.block_bytes
+    assert len(engine.generate([list(range(200, 280))], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids) == 4
+    engine.unpin(first)
+    engine.pin(list(range(100, 108)))  # room again
+    with pytest.raises(ValueError, match="max_pinned_fraction"):
+        EngineConfig(model=str(tiny_llama), max_pinned_fraction=1.5)
+
+
 def test_pool_pinned_full_preempts_prefill_then_fails_clearly(tiny_llama):
-    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=12, max_num_batched_tokens=8))
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=12, max_num_batched_tokens=8,
+                                 max_pinned_fraction=1.0))
     pid = engine.pin(list(range(10, 42)))  # pins 8 of the 12 blocks
     with pytest.raises(RuntimeError, match="KV pool too small"):
         engine.generate([list(range(50, 80))], SamplingParams(max_new_tokens=4))

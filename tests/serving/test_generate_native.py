@@ -224,7 +224,8 @@ def narrow(tmp_path, long_llama):
     proc = ServerProcess(tmp_path / "narrow.log", [
         "--generate-only", "--generate-model", str(long_llama), "--generate-name", "tiny-llama",
         "--generate-block-size", "4", "--generate-num-blocks", "2100", "--generate-torch-threads", "1",
-        "--generate-max-num-batched-tokens", "8", "--generate-health-timeout-s", "0.3"])
+        "--generate-max-num-batched-tokens", "8", "--generate-health-timeout-s", "0.3",
+        "--generate-max-pinned-fraction", "1"])  # pins may fill the pool here (the default stops them at half)
     yield proc.running()
     proc.stop()
 
