@@ -6,7 +6,10 @@ shared machine are noisy; ratios are what to compare across runs):
   (b) single-stream decode tokens/s;
   (c) time to first token of a repeated long prompt, warm (cached) vs cold;
   (d) the per-step logits processors a request can ask for (`logit_bias` on 50 and on 1000 token ids,
-      `min_new_tokens`), each on the same batched greedy decode as a plain run, in alternating rounds.
+      `min_new_tokens`), each on the same batched greedy decode as a plain run, in alternating rounds;
+  (e) a short request that comes while a long prompt (`--ttft-tokens`) is being prefilled: its latency and the
+      long prompt's, with the scheduler's share for waiting requests against none (the policy before it), in
+      alternating rounds.
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         fits("--ttft-tokens", ttft_tokens)
     if "d" in parts:
         fits("--new-tokens", new_tokens + 64)
+    if "e" in parts:
+        fits("--ttft-tokens", ttft_tokens + 1)
 
     def hf_generate(batch: list[list[int]], n: int) -> tuple[list[list[int]], float]:
         width = max(len(b) for b in batch)
@@ -158,7 +163,60 @@ def run(model: str | None, *, requests: int = 32, prefix_tokens: int = 300, new_
         results.update(ttft_warm_over_cold=warm / cold)
     if "d" in parts:
         results.update(processor_ratios(eng, requests=requests, new_tokens=new_tokens, rounds=rounds))
+    if "e" in parts:
+        results.update(waiting_share_ratios(eng, ttft_tokens=ttft_tokens, rounds=rounds))
     return results
+
+
+def _ended(events: list) -> dict[str, float]:
+    from generation.engine import GenerationOutput
+
+    return {e.request_id: time.perf_counter() for e in events if isinstance(e, GenerationOutput)}
+
+
+def waiting_share_ratios(eng: Any, *, ttft_tokens: int, rounds: int) -> dict[str, float]:
+    """(e): a `ttft_tokens` prompt is admitted and prefilled for two steps; then a one-line question comes. Each
+    round runs it with the scheduler's `WAITING_SHARE` and with 0 (every step's budget to the long prefill, the
+    policy before), on the same engine with its cache flushed; the medians' ratios say what the share buys the
+    short request and costs the long one."""
+    from generation import scheduler
+    from generation.config import SamplingParams
+
+    tok = eng.tokenizer
+    text = SYSTEM_SENTENCE
+    while len(tok.encode(text)) < ttft_tokens:
+        text += SYSTEM_SENTENCE + f"Rule {len(text) % 97}. "
+    long, short = tok.encode(text)[:ttft_tokens], tok.encode(QUESTIONS[0])
+    one = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    share = scheduler.WAITING_SHARE
+    times: dict[float, list[tuple[float, float]]] = {share: [], 0.0: []}
+    try:
+        for _ in range(rounds):
+            for value in (share, 0.0):
+                scheduler.WAITING_SHARE = value
+                eng.flush_cache()
+                eng.add_request(long, one, request_id="long")
+                done: dict[str, float] = {}
+                start = time.perf_counter()
+                for _ in range(2):  # a prompt shorter than two steps' budget has ended by now
+                    done.update(_ended(eng.step()))
+                came = time.perf_counter()
+                eng.add_request(short, one, request_id="short")
+                while len(done) < 2 and eng.num_unfinished:
+                    done.update(_ended(eng.step()))
+                times[value].append((done["short"] - came, done["long"] - start))
+    finally:
+        scheduler.WAITING_SHARE = share
+
+    def median(value: float, k: int) -> float:
+        return sorted(t[k] for t in times[value])[len(times[value]) // 2]
+
+    short_ratio, long_ratio = median(share, 0) / median(0.0, 0), median(share, 1) / median(0.0, 1)
+    print(f"(e) a {len(short)}-token question while a {len(long)}-token prompt is prefilled, {rounds} alternating "
+          f"rounds (medians): its answer {median(share, 0):.2f} s with the waiting share {share:g}, "
+          f"{median(0.0, 0):.2f} s without (x{short_ratio:.2f}); the long prompt {median(share, 1):.2f} s against "
+          f"{median(0.0, 1):.2f} s (x{long_ratio:.2f})")
+    return {"short_behind_long_prefill": short_ratio, "long_prefill_cost": long_ratio}
 
 
 def processor_ratios(eng: Any, *, requests: int, new_tokens: int, rounds: int, steps: int = 200) -> dict[str, float]:

@@ -41,7 +41,8 @@ def register(commands, bench) -> None:
     b.add_argument("--decode-tokens", type=int, default=128)
     b.add_argument("--ttft-tokens", type=int, default=1000)
     b.add_argument("--parts", default="abc", help="subset of a (shared prefix), b (single stream), c (warm TTFT), "
-                   "d (per-step logit_bias and min_new_tokens vs plain decode; not in the default)")
+                   "d (per-step logit_bias and min_new_tokens vs plain decode), e (a short request behind a long "
+                   "prefill, the scheduler's waiting share vs none); d and e are not in the default")
     b.add_argument("--plot", default=None, help="write a PNG bar chart of the ratios to this path")
     b.set_defaults(func=_bench)
 
@@ -143,9 +144,9 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         _check_positive(args, "requests", "prefix_tokens", "new_tokens", "decode_tokens", "ttft_tokens", "threads")
         _check_threads(args)
-        if not args.parts or set(args.parts) - set("abcd"):
-            raise UsageError(f"--parts: a subset of 'abcd' (a shared prefix, b single stream, c warm TTFT, "
-                             f"d per-step processors), got {args.parts!r}")
+        if not args.parts or set(args.parts) - set("abcde"):
+            raise UsageError(f"--parts: a subset of 'abcde' (a shared prefix, b single stream, c warm TTFT, "
+                             f"d per-step processors, e a short request behind a long prefill), got {args.parts!r}")
         _check_model(args.model)
         if problem := device_problem(args.device):  # before the model loads, not after
             raise UsageError(f"--device: {problem}")

@@ -1,7 +1,8 @@
 """Continuous batching with chunked prefill, cache-aware admission and preemption by recompute.
 
 Each step: every running sequence with exactly one token to compute joins the decode batch (one
-[B, 1] forward); running prefills get the next chunk; then waiting requests are admitted in the
+[B, 1] forward); running prefills get the next chunk (leaving `WAITING_SHARE` of the budget while requests
+wait); then waiting requests are admitted in the
 configured order (`EngineConfig.scheduling`) while the per-step token budget and pool allow. A request whose next uncached block is being
 computed right now by another prefill waits one step, so it hits the cache instead of duplicating
 that work (SGLang's in-batch prefix check). When the pool runs dry even after eviction, the
@@ -19,6 +20,11 @@ from generation.prefix_cache import PrefixCache
 from generation.sequence import Sequence, Status
 
 LPM_QUEUE_LIMIT = 128  # past this many waiting requests, sorting by match costs more than it saves
+# While requests wait, running prefills leave this share of a step's token budget to admitting them: a long
+# prompt's chunks took every step's whole budget, so a short request behind it waited for its whole prefill
+# (24 s behind two 8,000-token prompts of SmolLM2) before its first token. The long prefill runs a quarter
+# slower only while others wait (vLLM bounds concurrent long prefills to the same end).
+WAITING_SHARE = 0.25
 
 
 @dataclass
@@ -172,6 +178,8 @@ class Scheduler:
         plan = StepPlan()
         self.unschedulable = None
         budget = self.cfg.max_num_batched_tokens
+        admitting = self.cfg.chunked_prefill and self.waiting and len(self.running) < self.cfg.max_num_seqs
+        reserve = int(budget * WAITING_SHARE) if admitting else 0  # for step 3, whatever steps 1-2 take
         # 1) decodes, oldest first, then 2) running prefills continue; when a block cannot be found even
         # after eviction, the youngest sequence not yet planned this step is preempted (possibly itself)
         for phase in ("decode", "prefill"):
@@ -180,7 +188,8 @@ class Scheduler:
                     continue
                 n = 1
                 if phase == "prefill":
-                    n = seq.num_uncomputed if not self.cfg.chunked_prefill else min(seq.num_uncomputed, budget)
+                    n = (seq.num_uncomputed if not self.cfg.chunked_prefill
+                         else min(seq.num_uncomputed, budget - reserve if budget > reserve else budget))
                     if n <= 0 or (not self.cfg.chunked_prefill and n > budget and plan):
                         continue
                 if not self._grow_or_preempt(seq, seq.num_computed + n, plan):

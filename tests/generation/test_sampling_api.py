@@ -517,3 +517,21 @@ def test_seeds_2_to_the_32_apart_sample_differently(engine):
     texts = [engine.generate("numbers 0 1 2", SamplingParams(**kw, seed=s))[0].token_ids
              for s in (1, 1 + 2**32, -1, 2**63 - 1)]
     assert texts[0] != texts[1] and texts[2] != texts[3]
+
+
+def test_a_short_request_is_not_held_behind_a_long_prefill(tiny_llama):
+    """A long prompt's chunks took every step's whole budget, so a short request that came meanwhile waited
+    for the whole prefill; now a share of each step stays for admitting it, and it answers first."""
+    engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=256, max_num_batched_tokens=32))
+    long = [10 + i % 300 for i in range(400)]
+    engine.add_request(long, SamplingParams(max_new_tokens=1, ignore_eos=True), request_id="long")
+    engine.step()
+    engine.step()  # the long prefill is under way: 400 tokens take 13 steps at 32
+    engine.add_request([7, 8, 9, 10, 11], SamplingParams(max_new_tokens=1, ignore_eos=True), request_id="short")
+    ended: dict[str, list[int]] = {}
+    for _ in range(40):
+        ended.update({e.request_id: e.token_ids for e in engine.step() if isinstance(e, GenerationOutput)})
+        if len(ended) == 2:
+            break
+    assert list(ended) == ["short", "long"]
+    assert [ended["long"], ended["short"]] == hf_greedy(tiny_llama, [long, [7, 8, 9, 10, 11]], 1)
