@@ -248,7 +248,7 @@ class Engine:
             seq = self.scheduler.unschedulable
             if seq is None:
                 return []
-            pinned = sum(len(pin.blocks) for pin in self._pins.values())
+            pinned = self._pinned_blocks()
             out = self._end(seq, "error", f"KV pool too small for request {seq.request_id!r} ({len(seq)} tokens; "
                                           f"pins hold {pinned} of its {self.blocks.num_blocks} blocks): unpin, or "
                                           "raise EngineConfig.num_blocks or kv_cache_memory_mb")
@@ -445,15 +445,20 @@ class Engine:
     def _check_pin_room(self, tokens: int) -> None:
         """Refuse a pin that would take pins (those being computed included) past `max_pinned_fraction` of the
         pool: each holds its blocks until unpinned, and a pool they fill has no room for any request."""
+        if self.config.max_pinned_fraction >= 1:
+            return  # the whole pool: a pin is refused only when it does not fit (`step`)
         need = self.blocks.blocks_for(tokens)
-        held = sum(len(p.blocks) for p in self._pins.values()) + sum(
-            self.blocks.blocks_for(len(s.prompt_ids) + s.params.max_new_tokens)
-            for s in self._requests.values() if s.pin_result)
+        held = self._pinned_blocks() + sum(self.blocks.blocks_for(len(s.prompt_ids) + s.params.max_new_tokens)
+                                           for s in self._requests.values() if s.pin_result)
         limit = int(self.config.max_pinned_fraction * self.blocks.num_blocks)
         if held + need > limit:
             raise ValueError(f"pins would hold {held + need} of the KV pool's {self.blocks.num_blocks} blocks, past "
                              f"the {limit} that max_pinned_fraction ({self.config.max_pinned_fraction:g}) allows: "
                              "unpin some first")
+
+    def _pinned_blocks(self) -> int:
+        """Pool blocks the pins hold, each once (pins of a common prefix share its blocks)."""
+        return len({b for p in self._pins.values() for b in p.blocks})
 
     def pin(self, prompt: Prompt, *, cache_salt: str | None = None) -> str:
         """Compute `prompt`'s KV and keep it resident (never evicted) until `unpin(id)`. Returns its id."""
@@ -508,7 +513,7 @@ class Engine:
             "running_requests": len(s.running),
             "waiting_requests": len(s.waiting),
             "pins": len(self._pins),
-            "pinned_blocks": (pinned := sum(len(p.blocks) for p in self._pins.values())),
+            "pinned_blocks": (pinned := self._pinned_blocks()),
             "pinned_bytes": pinned * self.runner.block_bytes,
             "kv_pool_bytes": n * self.runner.block_bytes,
         }

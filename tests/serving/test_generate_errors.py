@@ -267,12 +267,13 @@ def test_the_http_fronts_refusals_on_v1_are_in_openais_shape_too(tight):
 
 def test_pins_that_fill_the_pool_make_requests_507_not_500(tmp_path, tiny_llama):
     """Pins hold KV for good: once they leave a request no room, it is told so (507, naming the pins), as a pin
-    the pool cannot hold is, and not answered as a model failure; releasing them gives the room back."""
+    the pool cannot hold is, and not answered as a model failure; releasing them gives the room back. Pins may
+    fill the pool here (`--generate-max-pinned-fraction 1`); by default they stop at half of it."""
     from serving_support import ServerProcess
 
     proc = ServerProcess(tmp_path / "pins.log", ["--generate-only", "--generate-model", str(tiny_llama),
                                                  "--generate-block-size", "4", "--generate-num-blocks", "24",
-                                                 "--generate-torch-threads", "1"])
+                                                 "--generate-torch-threads", "1", "--generate-max-pinned-fraction", "1"])
     server = proc.running()
     try:
         pins = []
