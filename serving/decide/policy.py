@@ -245,21 +245,24 @@ class Rule:
     text: str
     node: Any
 
-    def paths(self) -> list[tuple[str, ...]]:
-        """The answer paths the rule reads, e.g. `("churn_risk", "noul")`, in the order written: what a caller
-        that knows which questions it asks checks a rule against (the gateway refuses a rule over a question
-        it never asks, which would only ever be null)."""
-        found: list[tuple[str, ...]] = []
+    def nodes(self) -> list[Any]:
+        """Every node of the rule's tree, in the order written (without recursion: a rule may be long): what a
+        caller that knows more than the rule checks it against."""
+        found: list[Any] = []
         stack = [self.node]
         while stack:
             node = stack.pop()
-            if isinstance(node, Lookup):
-                found.append(node.parts)
+            found.append(node)
             if isinstance(node, Logic):
                 stack.extend(reversed(node.operands))
             else:
                 stack.extend(getattr(node, side) for side in ("right", "left", "operand") if hasattr(node, side))
         return found
+
+    def paths(self) -> list[tuple[str, ...]]:
+        """The answer paths the rule reads, e.g. `("churn_risk", "noul")`, in the order written (the gateway
+        refuses a rule over a question it never asks, which would only ever be null)."""
+        return [node.parts for node in self.nodes() if isinstance(node, Lookup)]
 
 
 class Policy:

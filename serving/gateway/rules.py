@@ -36,7 +36,7 @@ from laya.errors import InputError
 from laya.questions import parse_question
 from laya.rows import Budgets
 from serving.decide.mapping_file import read_mapping
-from serving.decide.policy import Compare, Const, Logic, Lookup, Policy, PolicyError
+from serving.decide.policy import Compare, Const, Lookup, Policy, PolicyError, Rule
 
 INPUTS = ("last_user", "conversation")  # and field:<path>
 FILE_KEYS = ("questions", "routes", "default", "fallback", "explicit", "budgets")
@@ -176,7 +176,7 @@ def _check_rule(rule, groups: list[str], sample: dict[str, dict]) -> None:
             hint = " (gate fields need budgets.min_confidence)" if path[1] in GATE_FIELDS else ""
             raise ValueError(f"{where}: {'.'.join(path)} is never in an answer of {kind} question {question!r}"
                              f"{hint}")
-    for lookup, label in _labels_compared(rule.node):
+    for lookup, label in _labels_compared(rule):
         question = sample[lookup.parts[0]]
         if lookup.parts[1] == "choice" and label not in question["probabilities"]:
             labels = ", ".join(repr(k) for k in question["probabilities"])
@@ -187,20 +187,12 @@ def _check_rule(rule, groups: list[str], sample: dict[str, dict]) -> None:
         raise ValueError(f"{where}: must be a condition (true or false); it gives {result!r}")
 
 
-def _labels_compared(node: Any) -> list[tuple[Lookup, Any]]:
+def _labels_compared(rule: Rule) -> list[tuple[Lookup, Any]]:
     """Every `q.choice == 'label'` (or `!=`, either way round) in a rule: a label the question does not have
     makes the comparison constant, a typo as sure as a path to a question the file does not ask."""
-    found = []
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Compare) and node.op in ("==", "!="):
-            for a, b in ((node.left, node.right), (node.right, node.left)):
-                if isinstance(a, Lookup) and len(a.parts) == 2 and isinstance(b, Const):
-                    found.append((a, b.value))
-        stack.extend(node.operands if isinstance(node, Logic) else
-                     [getattr(node, side) for side in ("left", "right", "operand") if hasattr(node, side)])
-    return found
+    return [(a, b.value) for node in rule.nodes() if isinstance(node, Compare) and node.op in ("==", "!=")
+            for a, b in ((node.left, node.right), (node.right, node.left))
+            if isinstance(a, Lookup) and len(a.parts) == 2 and isinstance(b, Const)]
 
 
 def _group(name: Any, key: str, groups: list[str]) -> str:
