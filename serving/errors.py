@@ -218,9 +218,9 @@ PEER_GONE_KEY = "pagoda.peer_gone"
 
 
 class PeerGone(threading.Event):
-    """Set when a request's client has gone. A handler that computes between events polls it; one whose thread
-    is blocked elsewhere (the gateway, waiting on an upstream socket) cannot, so it registers a callback
-    (`when_set`) that unblocks it from the setter's thread."""
+    """Set when a request's client has gone. The thread answering the request is blocked (on a generation
+    run's event queue, on the gateway's upstream socket), so it registers a callback (`when_set`) that wakes it
+    from the setter's thread at once, instead of polling."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from generation.config import InvalidParam, SamplingParams
-from serving.errors import ApiError, client_gone
+from serving.errors import ApiError, PeerGone, client_gone
 from serving.generate.body import bad
 from serving.generate.config import GenerateConfig
 from serving.generate.metrics import GenerateMetrics
@@ -29,7 +29,7 @@ from serving.generate.schema import Request
 log = logging.getLogger("pagoda.serve")
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
 SETTLE_S = 0.5  # how long a request ended by one choice's deadline waits for its other choices' (`Run._settle`)
-GONE_POLL_S = 0.1  # while no event comes, how often a run looks whether its client has gone
+GONE = object()  # what a run's event queue gets when its client leaves (`PeerGone.when_set`): it wakes at once
 
 
 def body_field(req: Request, field: str, default: str | None = None, prompt: int = 0) -> str:
@@ -81,7 +81,7 @@ class Run:
     want; closing it early (a client gone) aborts every choice, so their blocks return to the pool."""
 
     def __init__(self, service: Service, req: Request, batch: Any, prompt_ids: list[list[int]], t0: float,
-                 deadline: float, gone: threading.Event | None = None):
+                 deadline: float, gone: PeerGone | None = None):
         """`gone`: set when the client has closed its connection (`serving.errors.PEER_GONE_KEY`)."""
         self.service = service
         self.gone = gone
@@ -106,18 +106,17 @@ class Run:
         from generation.engine import GenerationOutput
 
         left = self.n_choices
+        events = self.batch.events
+        cancel = self.gone.when_set(lambda: events.put(GONE)) if self.gone is not None else None
         try:
             while left:
-                if self.gone is not None and self.gone.is_set():
-                    raise client_gone()
                 remaining = self.deadline + DRAIN_GRACE_S - time.monotonic()
-                wait = max(1.0, remaining) if self.gone is None else min(GONE_POLL_S, max(0.0, remaining))
                 try:
-                    event = self.batch.events.get(timeout=wait)
+                    event = events.get(timeout=max(1.0, remaining))
                 except queue.Empty:
-                    if self.gone is not None and remaining > GONE_POLL_S:
-                        continue  # look at the client again
                     raise ApiError(504, "the engine did not answer in time", "timeout") from None
+                if event is GONE:
+                    raise client_gone()
                 now = time.monotonic()
                 if isinstance(event, GenerationOutput):
                     self.outputs[event.index] = event
@@ -132,6 +131,8 @@ class Run:
                 yield event.index, event
             self._done = True  # everything ended on its own: nothing to abort
         finally:
+            if cancel is not None:
+                cancel()
             self.close()
 
     def close(self) -> None:
@@ -329,7 +330,7 @@ class Service:
 
     def start(self, req: Request, t0: float,
               scoring: Callable[[list[list[int]]], list[int] | None] | None = None,
-              gone: threading.Event | None = None) -> Run:
+              gone: PeerGone | None = None) -> Run:
         """Submit every prompt x n choices at once (all or none). `scoring(prompt_ids)[i]`: score prompt
         i's tokens from that index on (SGLang's `logprob_start_len`, as its dialect reads it); `gone`: the
         client's connection closed (the run then aborts, whether or not it streams)."""
