@@ -105,13 +105,17 @@ class StudentBackend:
     def run(self, units: list[StudentUnit]) -> list[dict]:
         # A local teacher computes here, in the model worker; a remote one is waited on in `finish`, on the
         # request's own thread, so a slow network never holds up other requests' passes.
-        local = self.deferral if self.deferral is not None and not self.deferral.remote else None
-        results = self.student.predict_batch([u.state for u in units], defer=local)
+        # The student answers every head in one pass; each request keeps the questions it asked before any
+        # deferral, so a teacher is never asked (nor counted for) a question nobody asked.
+        results = self.student.predict_batch([u.state for u in units])
         out = []
         for unit, result in zip(units, results):
             usage = dict(result["usage"])
             usage["truncated_questions"] = [n for n in usage.get("truncated_questions", []) if n in unit.names]
             out.append({**result, "answers": {n: result["answers"][n] for n in unit.names}, "usage": usage})
+        if self.deferral is not None and not self.deferral.remote:
+            apply_deferral(self.deferral, [u.state for u in units], out, self.student.questions,
+                           self.student.teacher_budgets)
         return out
 
     def finish(self, units: list[StudentUnit], outputs: list[dict], deadline: float) -> list[dict]:

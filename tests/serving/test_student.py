@@ -119,6 +119,12 @@ def test_unsure_answers_go_to_the_laya_model(student, tmp_path):
         stats = requests.get(server.url + "/stats", timeout=10).json()
         assert stats["deferred_answers"] == len(states)
         assert stats["decision_engine"]["defer_below"] == {"department": 1.0, "churn": 0.0}
+        # a request that does not ask department hands nothing over: the teacher answers only questions asked
+        r = requests.post(server.url + "/decide", json={"state": states[0], "questions": ["churn"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert list(r.json()["answers"]) == ["churn"]
+        assert r.json()["usage"]["deferred_questions"] == [] and r.json()["usage"]["teacher_input_tokens"] == 0
+        assert requests.get(server.url + "/stats", timeout=10).json()["deferred_answers"] == len(states)
     finally:
         server.stop()
 
