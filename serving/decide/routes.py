@@ -164,8 +164,9 @@ class DecideApi:
 
     def _read(self, route: str) -> DecideRequest:
         body = parse_json(request.get_data(cache=False))
-        backend = self.service.backend
-        return decide_request(body, route, self.cfg, self.presets, backend.default_questions if backend else None)
+        # a student's own questions come from its student.json while it loads, so a body that leaves them out
+        # is answered 503 (retry) like any other then, not 422 "questions is required"
+        return decide_request(body, route, self.cfg, self.presets, self._student_questions())
 
     def _timing(self, queue_ms: float) -> dict:
         return {"latency_ms": round((time.monotonic() - g.t0) * 1000, 3), "queue_ms": queue_ms}

@@ -63,6 +63,22 @@ def test_student_serving(student):
     assert engine == {"precision": "fp32", "backend": "onnxruntime", "model_file": "model.onnx", "threads": 1}
 
 
+def test_a_body_without_questions_waits_like_any_while_the_student_loads(student):
+    """Leaving `questions` out asks a student all of its own; before it has loaded that is the 503 every
+    request gets (retry), not a 422 "questions is required" a client would take as final."""
+    from serving.app import create_app
+    from serving.config import ServeConfig
+    from serving.decide.config import DecideConfig
+    from serving.decide.routes import DecideApi
+
+    folder, _ = student
+    cfg = ServeConfig(decide=DecideConfig(student=str(folder)))
+    client = create_app(cfg, apis=[DecideApi(cfg.decide, 30)]).test_client()  # never loaded
+    for body in ({"state": "help"}, {"state": "help", "questions": ["churn"]}):
+        r = client.post("/decide", json=body)
+        assert r.status_code == 503 and r.get_json()["error"]["type"] == "not_ready", (body, r.get_json())
+
+
 def test_a_precision_the_student_lacks_stops_startup(student):
     """A linear student has one fp32 model: `--precision int8` (or bf16) names what it has, before any worker boots;
     `exact` and `fast` take the fp32 model."""
