@@ -17,13 +17,16 @@ from typing import Any
 from generation.lang.choices import ChoiceMethod, token_length_normalized
 from generation.lang.errors import CallSite, LangError, call_site
 
-# What `gen(dtype=...)` lets the model write; the variable holds that text, as in SGLang.
+# What `gen(dtype=...)` lets the model write (the variable holds that text, as in SGLang): SGLang's frontend's
+# own patterns and stops (sglang.lang.ir, RuntimeEndpoint), so that a program gives the same text on either: a number may be followed by a space or a newline, and that space or
+# newline stops it (a model that wants to end a number with "\n" and may not keeps writing digits).
 DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]+",
-    "float": r"[-+]?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?",
+    "int": r"[-+]?[0-9]+[ \n]*",
+    "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
     "bool": r"(True|False)",
-    "str": r'"[^"\\\n]*"',
+    "str": r'"[\w\d\s]*"',
 }
+DTYPE_STOPS = {"int": [" ", "\n"], "float": [" ", "\n"]}
 ROLES = ("system", "user", "assistant")
 
 
@@ -170,6 +173,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, *, min_tokens: i
         if dtype_name not in DTYPE_REGEX:
             raise LangError(site, f"dtype must be one of int, float, str, bool; got {dtype!r}")
         regex = DTYPE_REGEX[dtype_name]
+        if dtype_name in DTYPE_STOPS:
+            stop = ([stop] if isinstance(stop, str) else list(stop or [])) + DTYPE_STOPS[dtype_name]
     if json_schema is not None and not isinstance(json_schema, str):
         json_schema = json.dumps(json_schema, ensure_ascii=False)
     params = GenParams(max_tokens, min_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,

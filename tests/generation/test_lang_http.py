@@ -34,11 +34,15 @@ def program(s, question, choices):
     forks.join()
     s += "\\nPick: " + sgl.select("pick", choices=choices)
     s += "\\nAnimal: " + sgl.gen("animal", choices=["fox", "dog", "radix tree"])
+    s += "\\nCount: " + sgl.gen("count", max_tokens=8, dtype=int)
+    s += "\\nRatio: " + sgl.gen("ratio", max_tokens=8, dtype=float)
+    s += "\\nWord: " + sgl.gen("word", max_tokens=8, dtype=str)
+    s += "\\nFlag: " + sgl.gen("flag", max_tokens=4, dtype=bool)
 
 
 def outcome(state):
     return {"text": state.text(), "messages": state.messages(),
-            **{k: state[k] for k in ("answer", "code", "more", "idea", "pick", "animal")},
+            **{k: state[k] for k in ("answer", "code", "more", "idea", "pick", "animal", "count", "ratio", "word", "flag")},
             "normalized": state.get_meta_info("pick")["normalized_prompt_logprobs"]}
 '''
 
