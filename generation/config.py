@@ -146,13 +146,20 @@ class EngineConfig:
         _require(self.dtype in DTYPES, w, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         problem = device_problem(str(self.device))
         _require(problem is None, w, "device", problem or "")
-        _require(self.block_size >= 1, w, "block_size", "must be >= 1")
-        _require(self.num_blocks is None or self.num_blocks >= 2, w, "num_blocks", "must be >= 2 (or None)")
-        _require(self.kv_cache_memory_mb >= 1, w, "kv_cache_memory_mb", "must be >= 1")
-        _require(self.max_num_seqs >= 1, w, "max_num_seqs", "must be >= 1")
-        _require(self.max_num_batched_tokens >= 1, w, "max_num_batched_tokens", "must be >= 1")
-        _require(self.max_model_len is None or self.max_model_len >= 2, w, "max_model_len", "must be >= 2 (or None)")
-        _require(isinstance(self.max_pinned_fraction, int | float) and 0 <= self.max_pinned_fraction <= 1, w,
+        # each count is an int (not a bool, a float or a string): anything else failed later, deep in the pool's
+        # allocation or the scheduler's slicing, as a TypeError naming no setting
+        for name, least, optional in (("block_size", 1, False), ("num_blocks", 2, True), ("kv_cache_memory_mb", 1, False),
+                                      ("max_num_seqs", 1, False), ("max_num_batched_tokens", 1, False),
+                                      ("max_model_len", 2, True)):
+            value = getattr(self, name)
+            _require((optional and value is None) or (_int(value) and value >= least), w, name,
+                     f"must be an integer >= {least}{' (or None)' if optional else ''}, got {value!r:.40}")
+        _require(isinstance(self.chunked_prefill, bool), w, "chunked_prefill",
+                 f"must be true or false, got {self.chunked_prefill!r:.40}")
+        _require(_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], w, "seed",
+                 f"must be an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed!r:.40}")
+        _require(isinstance(self.max_pinned_fraction, int | float) and not isinstance(self.max_pinned_fraction, bool)
+                 and 0 <= self.max_pinned_fraction <= 1, w,
                  "max_pinned_fraction", f"must be a number in [0, 1], got {self.max_pinned_fraction!r}")
         problem = thread_count_problem(self.num_threads)
         _require(problem is None, w, "num_threads", problem or "")

@@ -452,9 +452,9 @@ class Engine:
                                            for s in self._requests.values() if s.pin_result)
         limit = int(self.config.max_pinned_fraction * self.blocks.num_blocks)
         if held + need > limit:
-            raise ValueError(f"pins would hold {held + need} of the KV pool's {self.blocks.num_blocks} blocks, past "
-                             f"the {limit} that max_pinned_fraction ({self.config.max_pinned_fraction:g}) allows: "
-                             "unpin some first")
+            raise InvalidParam(f"pin_result: pins would hold {held + need} of the KV pool's {self.blocks.num_blocks} "
+                               f"blocks, past the {limit} that max_pinned_fraction "
+                               f"({self.config.max_pinned_fraction:g}) allows: unpin some first", "pin_result")
 
     def _pinned_blocks(self) -> int:
         """Pool blocks the pins hold, each once (pins of a common prefix share its blocks)."""

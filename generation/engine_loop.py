@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from generation.config import InvalidParam, SamplingParams, thread_count_problem
 from generation.engine import Engine, GenerationOutput, Prompt, TokenEvent
@@ -113,8 +114,10 @@ class EngineLoop:
 
     def __init__(self, engine: Engine, *, max_waiting: int | None = None, num_threads: int | None = None,
                  name: str = "pagoda-engine") -> None:
-        if max_waiting is not None and max_waiting < 0:
-            raise ValueError("max_waiting: must be >= 0 (or None)")
+        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
+                                        or max_waiting < 0):
+            raise InvalidParam(f"EngineLoop.max_waiting: must be an integer >= 0 (or None), got {max_waiting!r:.40}",
+                               "max_waiting")
         problem = thread_count_problem(num_threads)
         if problem:
             raise InvalidParam(f"EngineLoop.num_threads: {problem}", "num_threads")
@@ -149,6 +152,9 @@ class EngineLoop:
         QueueFull when `max_waiting` requests are already waiting, RuntimeError once closed."""
         params = params or SamplingParams()
         ids = self.engine.check_request(prompt, params, pin=pin)
+        _check_deadline(deadline)
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise InvalidParam(f"request_id: must be a non-empty string, got {request_id!r:.40}", "request_id")
         with self._lock:
             self._admit(1)
             if request_id is None:
@@ -171,6 +177,7 @@ class EngineLoop:
         if len(per) != len(prompts) or len(pins) != len(prompts):
             raise ValueError(f"params/pins: one per prompt ({len(prompts)})")
         checked = [self.engine.check_request(p, sp, pin=pin) for p, sp, pin in zip(prompts, per, pins)]
+        _check_deadline(deadline)
         events: queue.SimpleQueue = queue.SimpleQueue()
         with self._lock:
             self._admit(len(prompts))
@@ -386,3 +393,12 @@ class EngineLoop:
                 out = None
             self._deliver(out or self._unstarted(handle, [], "abort"))
 
+
+def _check_deadline(deadline: Any) -> None:
+    """In the caller's thread: the loop thread compares deadlines with the clock, and a value it cannot compare
+    there ended every request in flight and closed the loop."""
+    if deadline is None:
+        return
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float) or not math.isfinite(deadline):
+        raise InvalidParam(f"deadline: must be a time.monotonic() instant (a finite number) or None, got "
+                           f"{deadline!r:.40}", "deadline")

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from generation import Engine, EngineConfig, EngineLoop, LogitsProcessor, QueueFull, SamplingParams
+from generation.config import InvalidParam
 from generation.engine import GenerationOutput, TokenEvent
 
 GREEDY = SamplingParams(max_new_tokens=8, ignore_eos=True)
@@ -115,6 +116,20 @@ def test_bad_input_fails_in_the_callers_thread(engine):
             loop.submit("a", GREEDY, request_id="mine")
             with pytest.raises(ValueError, match="request_id"):
                 loop.submit("b", GREEDY, request_id="mine")
+        # a deadline the loop thread could not compare with its clock ended every request and closed the loop
+        for deadline in ("soon", float("nan"), True):
+            with pytest.raises(InvalidParam, match="deadline") as err:
+                loop.submit("hi", GREEDY, deadline=deadline)
+            assert err.value.field == "deadline"
+            with pytest.raises(InvalidParam, match="deadline"):
+                loop.submit_batch(["hi"], GREEDY, deadline=deadline)
+        for request_id in (123, ""):
+            with pytest.raises(InvalidParam, match="request_id"):
+                loop.submit("hi", GREEDY, request_id=request_id)
+        assert loop.submit([9], GREEDY).result(60).finish_reason == "length"
+    for max_waiting in ("5", -1, 2.5):
+        with pytest.raises(InvalidParam, match="EngineLoop.max_waiting"):
+            EngineLoop(engine, max_waiting=max_waiting)
 
 
 def test_engine_errors_reach_the_affected_callers_and_the_loop_goes_on(engine, monkeypatch):

@@ -191,9 +191,10 @@ def test_pins_may_hold_at_most_their_share_of_the_pool(tiny_llama):
     engine = Engine(EngineConfig(model=str(tiny_llama), block_size=4, num_blocks=40))  # default share: half, 20
     first = engine.pin(list(range(10, 50)))  # 40 tokens: 10 blocks
     engine.pin(list(range(60, 96)))  # 9 more: 19
-    with pytest.raises(ValueError, match=r"pins would hold 21 of the KV pool's 40 blocks, past the 20 that "
-                                         r"max_pinned_fraction \(0.5\) allows"):
+    with pytest.raises(InvalidParam, match=r"pins would hold 21 of the KV pool's 40 blocks, past the 20 that "
+                                           r"max_pinned_fraction \(0.5\) allows") as err:
         engine.pin(list(range(100, 108)))
+    assert err.value.field == "pin_result"
     stats = engine.stats()
     assert stats["pins"] == 2 and stats["pinned_blocks"] == 19
     assert stats["pinned_bytes"] == 19 * engine.runner.block_bytes and stats["kv_pool_bytes"] == 40 * engine.runner.block_bytes
@@ -246,10 +247,17 @@ def test_chat_template_and_text_prompts(engine):
 @pytest.mark.parametrize("kwargs, field", [
     (dict(cache_backend="lru"), "cache_backend"), (dict(scheduling="random"), "scheduling"),
     (dict(block_size=0), "block_size"), (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+    # a value of another type failed later, in the pool's allocation or the scheduler, as a TypeError naming nothing
+    (dict(block_size="16"), "block_size"), (dict(block_size=1.5), "block_size"), (dict(num_blocks=2.5), "num_blocks"),
+    (dict(num_blocks="10"), "num_blocks"), (dict(kv_cache_memory_mb=None), "kv_cache_memory_mb"),
+    (dict(max_num_batched_tokens=2.5), "max_num_batched_tokens"), (dict(max_num_seqs=True), "max_num_seqs"),
+    (dict(max_model_len=3.5), "max_model_len"), (dict(chunked_prefill="no"), "chunked_prefill"),
+    (dict(seed="x"), "seed"), (dict(seed=2**70), "seed"), (dict(max_pinned_fraction=True), "max_pinned_fraction"),
 ])
 def test_engine_config_errors_name_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+    with pytest.raises(InvalidParam, match=f"EngineConfig.{field}") as err:
         EngineConfig(**kwargs)
+    assert err.value.field == field
 
 
 def test_a_max_model_len_past_the_models_positions_is_refused_at_load(tiny_llama):
