@@ -40,7 +40,13 @@ def openapi() -> dict:
                                                "GatewayOpenAIError"),
                       "/v1/responses": route("OpenAI Responses API, passed to the routed upstream",
                                              "GatewayOpenAIError", "a typed error event (event: error)"),
-                      "/generate": route("SGLang generate, passed to the routed upstream", "Error")},
+                      "/generate": route("SGLang generate, passed to the routed upstream", "Error"),
+                      "/get_model_info": {"get": {
+                          "summary": "SGLang model info, the default group's upstream's (RuntimeEndpoint reads it first)",
+                          "responses": {"200": {"description": "the upstream's answer, as it sent it",
+                                                **json_content(ref("Object"))},
+                                        **{code: {"description": text, **json_content(ref("Error"))}
+                                           for code, text in ERRORS.items() if code != "413"}}}}},
             "schemas": {"GatewayOpenAIError": {
                 "type": "object", "required": ["error"],
                 "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"],

@@ -61,6 +61,10 @@ class GatewayApi:
         for rule in PROMPT_FIELDS:
             self.blueprint.add_url_rule(rule, view_func=self.forward, methods=["POST"],
                                         endpoint=rule.strip("/").replace("/", "_"))
+        # SGLang's RuntimeEndpoint (and our lang.HttpBackend) read this first, to pick a chat template by the
+        # model's path; it has no prompt to route by, so the default group's upstream answers it
+        self.blueprint.add_url_rule("/get_model_info", view_func=self.forward, methods=["GET"],
+                                    endpoint="get_model_info")
 
     # What the app factory asks of every API.
 
@@ -131,7 +135,7 @@ class GatewayApi:
 
     def forward(self) -> Response:
         body = request.get_data(cache=False)
-        parsed = read_body(body) if self._reads_body else None
+        parsed = read_body(body) if self._reads_body and request.method == "POST" else None
         route = self.router.route(request.path, parsed, g.request_id)
         group, members = self.upstreams.candidates(route.group, self.rules.fallback)
         reason = "fallback" if group != route.group else route.reason
