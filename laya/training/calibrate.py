@@ -1,8 +1,9 @@
 """Fit inference temperatures on held-out decisions and report calibration before and after.
 
 One temperature per `type:bucket` (bucket = number of options: 2, 3-5, 6-10, 11+) where the split
-has at least `min_bucket` questions of that kind, else the type's temperature; a type with no
-questions keeps 1.0. The fit and the clamp rule are `laya.calibration`'s (shared with distilled
+has at least `min_bucket` questions of that kind, else the type's temperature. A type with no
+questions in the split keeps the checkpoint's temperatures for it (its type's and its buckets'): the
+split says nothing about them, and resetting them to 1.0 changed answers to questions nobody calibrated. The fit and the clamp rule are `laya.calibration`'s (shared with distilled
 students); the report keeps the raw fit so a clamp is visible.
 
 Records come from `Agent.forward` on the rows inference would build (the checkpoint's own
@@ -59,18 +60,25 @@ class Fit:
     temperature_by_options: dict[str, float]        # "type:bucket" -> T, clamped
     raw: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)   # types with no data, whose temperatures the checkpoint gave
 
     def lookup(self, r: Record) -> float:
         return self.temperature_by_options.get(r.bucket, self.temperature[r.qtype])
 
 
-def fit_temperatures(records: list[Record], min_bucket: int = 10) -> Fit:
+def fit_temperatures(records: list[Record], min_bucket: int = 10, prior: Fit | None = None) -> Fit:
+    """`prior`: the checkpoint's temperatures, kept for each type the records have no question of."""
     if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
         raise ValueError(f"calibrate: min_bucket must be a positive integer, got {min_bucket!r}")
     fit = Fit([1.0, 1.0, 1.0], {})
     for qtype, name in enumerate(QUESTION_TYPES):
         of_type = [r for r in records if r.qtype == qtype]
         fit.counts[name] = len(of_type)
+        if not of_type and prior is not None:
+            fit.temperature[qtype] = prior.temperature[qtype]
+            fit.temperature_by_options.update({k: t for k, t in prior.temperature_by_options.items()
+                                               if k.split(":")[0] == name})
+            fit.kept.append(name)
         if of_type:
             raw = fit_records(of_type)
             fit.raw[name] = raw
@@ -138,6 +146,16 @@ def plot_by_type(recs: list[Record], fit: Fit, path: str) -> None:
         plot_reliability(panels, path)
 
 
+def checkpoint_temperatures(model_dir: str) -> Fit:
+    """The temperatures a checkpoint holds now (1.0 where it has none), as a `Fit`."""
+    from laya.config import LayaConfig
+
+    with open(os.path.join(model_dir, "rl_agent_config.json"), encoding="utf-8") as f:
+        cfg = LayaConfig.from_dict(json.load(f))
+    cfg.validate()
+    return Fit([float(t) for t in cfg.temperature], {k: float(v) for k, v in cfg.temperature_by_options.items()})
+
+
 def write_config(model_dir: str, out_dir: str, fit: Fit) -> None:
     """Copy the checkpoint to `out_dir` (unless in place) with the fitted temperatures in its config."""
     import shutil
@@ -162,6 +180,10 @@ def markdown_report(fit: Fit, ev: dict[str, Any], figure: str | None, title: str
         if key in fit.raw:
             stored = fit.temperature_by_options.get(key) if ":" in key else fit.temperature[QUESTION_TYPES.index(key)]
             lines.append(f"| {key} | {n} | {fit.raw[key]:.3f} | {stored:.3f} |")
+        elif key in fit.kept:
+            kept = [f"{fit.temperature[QUESTION_TYPES.index(key)]:.3f}"] + [
+                f"{k} {t:.3f}" for k, t in sorted(fit.temperature_by_options.items()) if k.split(":")[0] == key]
+            lines.append(f"| {key} | 0 | - | {', '.join(kept)} (no data: the checkpoint's, kept) |")
         else:
             lines.append(f"| {key} | {n} | - | (type T) |")
     lines += ["", "| group | n | acc | ECE15 before | ECE15 after | ECE10 before | ECE10 after | "
@@ -188,7 +210,7 @@ def calibrate(model_dir: str, data: str, out_dir: str | None = None, report_dir:
     items = read_jsonl(data)
     agent = laya.load(model_dir)
     recs = records(agent, items)
-    fit = fit_temperatures(recs, min_bucket)
+    fit = fit_temperatures(recs, min_bucket, checkpoint_temperatures(model_dir))
     ev = evaluate(recs, fit)
     write_config(model_dir, out_dir or model_dir, fit)
     if report_dir:

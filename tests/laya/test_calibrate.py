@@ -92,6 +92,33 @@ def test_calibrate_writes_temperatures_report_and_changes_answers(laya_tiny_bert
     assert before != after
 
 
+def test_a_type_without_held_out_questions_keeps_the_checkpoints_temperatures(laya_tiny_bert, calib_data, tmp_path):
+    """A fine-tuned checkpoint calibrated on choices and yes/no questions only: its score temperatures (type and
+    buckets) were set to 1.0 and dropped, changing the answer to every score question nobody calibrated."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(laya_tiny_bert, model)
+    path = model / "rl_agent_config.json"
+    cfg = json.loads(path.read_text())
+    path.write_text(json.dumps({**cfg, "temperature": [1.0, 0.646, 1.0],
+                                "temperature_by_options": {"score:3-5": 0.7, "choice:2": 1.3}}))
+    data = tmp_path / "no_scores.jsonl"
+    lines = [line for line in calib_data.read_text().splitlines()
+             if all(q["type"] != "score" for q in json.loads(line)["questions"].values())]
+    data.write_text("\n".join(lines) + "\n")
+    q = {"u": {"type": "score", "instructions": "How urgent is this?", "criteria": ["0", "1", "2"]}}
+    before = laya.load(str(model)).predict("we were billed twice", q)["answers"]["u"]["probabilities"]
+    fit, _ = calibrate(str(model), str(data), str(tmp_path / "out"), str(tmp_path / "report"))
+    written = json.loads((tmp_path / "out" / "rl_agent_config.json").read_text())
+    assert written["temperature"][1] == 0.646 and written["temperature_by_options"]["score:3-5"] == 0.7
+    assert "choice:2" not in written["temperature_by_options"] or fit.counts.get("choice:2", 0) >= 10  # refitted
+    assert fit.kept == ["score"]
+    assert "0.646, score:3-5 0.700 (no data: the checkpoint's, kept)" in (tmp_path / "report" / "calibration.md").read_text()
+    after = laya.load(str(tmp_path / "out")).predict("we were billed twice", q)["answers"]["u"]["probabilities"]
+    assert after == before
+
+
 def test_cli(laya_tiny_bert, calib_data, tmp_path, capsys):
     from serving.cli import main
 
