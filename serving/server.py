@@ -165,7 +165,8 @@ def preload(cfg: ServeConfig) -> Preloaded:
     one line naming the flag, since every worker would refuse it too."""
     started = time.monotonic()
     out = Preloaded()
-    kinds = []
+    before = _native_threads()  # numpy's OpenBLAS pool, started when serving imported numpy: not preload's doing,
+    kinds = []                  # and OpenBLAS stops it around a fork itself (its pthread_atfork handler)
     if not cfg.generate.only:
         kinds.append("student" if cfg.decide.student else "decide")
     model = cfg.generate.model_path()
@@ -192,11 +193,18 @@ def preload(cfg: ServeConfig) -> Preloaded:
         except Exception as exc:  # noqa: BLE001 -- the worker builds it again and stops the server on failure
             log.warning("preload: the generation engine did not build in the master (%s); workers will", exc)
     out.seconds = time.monotonic() - started
-    native = len(os.listdir("/proc/self/task")) - threading.active_count() if os.path.isdir("/proc/self/task") else 0
+    native = _native_threads() - before
     if native > 0:
         log.warning("preload left %d native thread(s) in the master; a forked worker has their handles but not "
                     "the threads (it may abort at exit): a preloaded module starts threads on import", native)
     return out
+
+
+def _native_threads() -> int:
+    """Threads of this process that Python did not start (0 where /proc is not there to count them)."""
+    if not os.path.isdir("/proc/self/task"):
+        return 0
+    return len(os.listdir("/proc/self/task")) - threading.active_count()
 
 
 def _announce(server) -> None:

@@ -52,8 +52,10 @@ def free_port() -> int:
 class ServerProcess:
     """`pagoda serve FLAGS` as a subprocess; `running()` (re)starts it, so a test may stop it for good."""
 
-    def __init__(self, log_path: Path, flags: list[str], env: dict[str, str] | None = None, port: int | None = None):
-        """`port`: the one to listen on (a server redeployed where another was); otherwise a free one each start."""
+    def __init__(self, log_path: Path, flags: list[str], env: dict[str, str | None] | None = None,
+                 port: int | None = None):
+        """`port`: the one to listen on (a server redeployed where another was); otherwise a free one each start.
+        `env`: variables to set, or to unset with None."""
         self.flags = flags
         self.fixed_port = port
         self.log_path = log_path
@@ -62,6 +64,7 @@ class ServerProcess:
         # generation tests' business, and the decision tests must not wait for it.
         self.env.update({"HF_HUB_OFFLINE": "1", "PAGODA_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
                          "TOKENIZERS_PARALLELISM": "false", "PAGODA_GENERATE_MODEL": "none", **(env or {})})
+        self.env = {k: v for k, v in self.env.items() if v is not None}
         self.proc: subprocess.Popen | None = None
         self._ready = False
         self.start()
