@@ -21,6 +21,7 @@ from serving.errors import ApiError, error_body
 from serving.generate.call_list import Arguments, Begin, CallList, End
 from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import DONE, sse
+from serving.generate.tool_reply import REPLY, AutoAnswer, Reply
 from serving.generate.tools import tool_call
 
 SERVER_SIDE = {"overloaded", "not_ready", "timeout", "model_error", "internal_error", "aborted",
@@ -89,23 +90,29 @@ def _head(kind: str, prefix: str, service: Service) -> dict:
 
 # ---- chat ----------------------------------------------------------------------------------------------
 
-def _message(run: Run, text: str) -> dict:
-    """The answer as a message: a forced call's output is its `tool_calls` (content null, as OpenAI sends);
-    one that does not parse (cut by `max_tokens`) stays text, beside its `length` finish reason."""
+def _choice(run: Run, out: Any) -> tuple[dict, str]:
+    """The answer as a message, and its finish reason: calls (a forced call's, or those auto chose) are its
+    `tool_calls` (content null, as OpenAI sends); an answer that does not parse (cut by `max_tokens`) stays text,
+    beside its `length` finish reason, and auto's reply is its text, decoded."""
     tools = run.req.tools
-    calls = tools.calls(text) if tools is not None and tools.calls_forced else None
+    if tools is None or not tools.constrained:
+        return {"role": "assistant", "content": out.text}, out.finish_reason
+    calls = tools.calls(out.text)
+    finish = tools.finish_reason(calls is not None, out.finish_reason)
     if calls is None:
-        return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": None, "tool_calls": calls}
+        return {"role": "assistant", "content": tools.content(out.text)}, finish
+    return {"role": "assistant", "content": None, "tool_calls": calls}, finish
 
 
 def chat_completion(run: Run, service: Service) -> dict:
     outputs = run.wait()
     raise_failures(outputs)
     want = run.req.logprobs is not None
-    choices = [{"index": i, "message": _message(run, out.text),
-                "logprobs": {"content": [chat_logprob(service, r) for r in out.logprobs]} if want else None,
-                "finish_reason": out.finish_reason} for i, out in enumerate(outputs)]
+    choices = []
+    for i, out in enumerate(outputs):
+        message, finish = _choice(run, out)
+        choices.append({"index": i, "message": message, "finish_reason": finish,
+                        "logprobs": {"content": [chat_logprob(service, r) for r in out.logprobs]} if want else None})
     return {**_head("chat.completion", "chatcmpl", service), "choices": choices, "usage": run.usage()}
 
 
@@ -120,11 +127,13 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
         return sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                     **usage})
 
-    tools = req.tools if req.tools is not None and req.tools.calls_forced else None
+    tools = req.tools if req.tools is not None and req.tools.constrained else None
     forced = tools.forced if tools is not None else None
-    listed = tools is not None and forced is None  # "required": each call as it shows in the list (call_list.py)
+    auto = tools is not None and tools.auto  # calls or a reply, known once its first key shows (tool_reply.py)
+    listed = tools is not None and forced is None and not auto  # "required": each call as it shows (call_list.py)
     held = [""] * run.n_choices  # a list's whole text, to tell at its end whether it parses
     lists = [CallList() for _ in range(run.n_choices)]
+    answers = [AutoAnswer() for _ in range(run.n_choices)]
 
     def delta(text: str) -> dict:
         return {"content": text} if forced is None else {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
@@ -140,9 +149,10 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
             for i, ev in events:
                 if isinstance(ev, TokenEvent):
                     lp = {"content": [chat_logprob(service, ev.logprob)]} if req.logprobs is not None and ev.logprob else None
-                    if listed:
+                    if listed or auto:
                         held[i] += ev.text
-                        deltas = [_call_delta(e) for e in lists[i].feed(ev.text) if not isinstance(e, End)]
+                        news = (answers[i] if auto else lists[i]).feed(ev.text)
+                        deltas = [_news_delta(e) for e in news if not isinstance(e, End)]
                         for d in deltas or ([{}] if lp else []):
                             yield chunk(i, d, lp)
                             lp = None  # the token's logprobs ride on its first chunk
@@ -152,9 +162,14 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
                 fail = failure(ev)
                 if fail is not None:
                     raise fail
-                if listed and tools.calls(held[i]) is None:  # cut short: the text the whole answer gives as content
-                    yield chunk(i, {"content": held[i]})
-                yield chunk(i, {}, finish=ev.finish_reason)
+                finish = ev.finish_reason
+                if listed or auto:
+                    called = tools.calls(held[i]) is not None
+                    if not called and not (auto and answers[i].kind == REPLY):
+                        # cut short: the text the whole answer gives as content (a reply has sent its own)
+                        yield chunk(i, {"content": tools.content(held[i])})
+                    finish = tools.finish_reason(called, finish)
+                yield chunk(i, {}, finish=finish)
         if req.include_usage:
             yield sse({**head, "choices": [], "usage": run.usage()})
     except ApiError as exc:
@@ -162,8 +177,10 @@ def chat_stream(run: Run, service: Service, request_id: str) -> Iterator[str]:
     yield DONE
 
 
-def _call_delta(event: Begin | Arguments) -> dict:
-    """A `"required"` list's news as a chat delta: a call's id and name, or more of its arguments."""
+def _news_delta(event: Begin | Arguments | Reply) -> dict:
+    """A list's news as a chat delta (a call's id and name, or more of its arguments), or more of auto's reply."""
+    if isinstance(event, Reply):
+        return {"content": event.text}
     if isinstance(event, Begin):
         return {"tool_calls": [{"index": event.index, **tool_call(event.name, "")}]}
     return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}

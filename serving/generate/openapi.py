@@ -99,6 +99,7 @@ def openapi(cfg: GenerateConfig) -> dict:
              "properties": {"prompt_tokens": integer, "completion_tokens": integer, "total_tokens": integer,
                             "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": integer}}}}
     finish = {"enum": ["stop", "length"]}
+    chat_finish = {"enum": ["stop", "length", "tool_calls"]}  # tool_calls: the calls the model chose (auto)
     sg_sampling = {k: {} for k in SGLANG_SAMPLING} | {"max_new_tokens": max_tokens, "temperature": num,
                                                       "stop": stop, "stop_token_ids": ids, "logit_bias": logit_bias}
     schemas = {
@@ -107,11 +108,13 @@ def openapi(cfg: GenerateConfig) -> dict:
             "max_tokens": max_tokens, "max_completion_tokens": max_tokens, "logprobs": boolean,
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "tools": {"type": "array", "items": tool, "minItems": 1, "maxItems": cfg.max_tools},
-            "tool_choice": {"oneOf": [{"enum": ["none", "required"]}, {"type": "object", "properties": {
+            "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {"type": "object", "properties": {
                 "type": {"enum": ["function"]}, "function": {"type": "object", "properties": {"name": string}}}}],
                 "description": "a forced call (required, or a named function) is constrained decoding; \"auto\" "
-                               "(the default once tools are given) is refused: this model has no tool-call syntax"},
-            "parallel_tool_calls": {"type": "boolean", "description": "false: \"required\" makes exactly one call"},
+                               "(the default once tools are given) holds the answer to calls or a reply, in one "
+                               "JSON object the system message describes"},
+            "parallel_tool_calls": {"type": "boolean", "description": "false: \"required\" makes exactly one call, "
+                                                                     "\"auto\" at most one"},
             "store": {"enum": [False], "description": "only false: nothing is stored"},
             "continue_final_message": {"enum": [False], "description": "vLLM's; only false"},
             "chat_template_kwargs": {"type": "object", "maxProperties": 0, "description": "vLLM's; only {}"}},
@@ -120,7 +123,7 @@ def openapi(cfg: GenerateConfig) -> dict:
                            "properties": {"id": string, "object": {"enum": ["chat.completion"]}, "created": integer,
                                           "model": string, "usage": usage, "choices": {"type": "array", "items": {
                                               "type": "object", "required": ["index", "message", "finish_reason"],
-                                              "properties": {"index": integer, "finish_reason": finish,
+                                              "properties": {"index": integer, "finish_reason": chat_finish,
                                                              "message": {"type": "object", "properties": {
                                                                  "role": {"enum": ["assistant"]},
                                                                  "content": {"type": ["string", "null"]},
@@ -153,9 +156,10 @@ def openapi(cfg: GenerateConfig) -> dict:
                 "type": "object", "required": ["type", "name"], "properties": {
                     "type": {"enum": ["function"]}, "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
                     "description": string, "parameters": {"type": "object"}, "strict": boolean}}},
-            "tool_choice": {"oneOf": [{"enum": ["none", "required"]}, {"type": "object", "properties": {
+            "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {"type": "object", "properties": {
                 "type": {"enum": ["function"]}, "name": string}}],
-                "description": "as chat's: a forced call is constrained decoding, \"auto\" is refused"},
+                "description": "as chat's: a forced call is constrained decoding, \"auto\" (the default) calls or "
+                               "replies in one JSON answer"},
             "parallel_tool_calls": boolean,
             "include": {"type": "array", "items": {"enum": [LOGPROBS]}},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
@@ -188,8 +192,8 @@ def openapi(cfg: GenerateConfig) -> dict:
                          "description": "a conversation, as /v1/chat/completions renders it"},
             "add_special_tokens": {"type": "boolean", "description": "default true: the tokenizer's BOS, if it adds one"},
             "add_generation_prompt": {"type": "boolean", "description": "messages only; default true"},
-            "tools": {"type": "array", "items": {"type": "object"}, "description": "messages only: what the chat "
-                                                                                 "template is shown"},
+            "tools": {"type": "array", "items": {"type": "object"}, "description": "messages only: rendered as chat "
+                                                                                 "renders them under tool_choice auto"},
             "return_token_strs": boolean,
             "continue_final_message": {"enum": [False], "description": "vLLM's; only false"},
             "chat_template_kwargs": {"type": "object", "maxProperties": 0, "description": "vLLM's; only {}"},

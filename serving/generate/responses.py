@@ -10,8 +10,10 @@ ends without `[DONE]`.
 The server keeps nothing between requests: `store` is taken and answered `false`, and `previous_response_id`
 (which reads a stored response) is refused by name, so a client sends the conversation in `input`, as
 stateless clients (and vLLM without its store) do. Function calls follow chat's rules (`tools.py`): a forced
-call is constrained decoding, streamed as it is generated (`stream`), `"auto"` is refused. A finish by length is status `incomplete` with
-`incomplete_details.reason: "max_output_tokens"`, as OpenAI answers.
+call is constrained decoding, streamed as it is generated (`stream`); under `"auto"` (the default) the model
+calls or replies in one constrained JSON answer, whose calls are `function_call` items and whose reply is a
+message. A finish by length is status `incomplete` with `incomplete_details.reason: "max_output_tokens"`, as
+OpenAI answers.
 """
 
 from __future__ import annotations
@@ -26,14 +28,15 @@ from typing import Any
 
 from serving.errors import ApiError, error_body
 from serving.generate.body import BodyConstraint, Fields, bad
-from serving.generate.call_list import Arguments, Begin, CallList
+from serving.generate.call_list import Arguments, Begin, CallList, End
 from serving.generate.config import GenerateConfig
 from serving.generate.openai import chat_logprob, raise_failures
 from serving.generate.openai import error_dialect as openai_error
 from serving.generate.schema import OPENAI_SAMPLING, Request, openai_sampling, parse_max_tokens
 from serving.generate.service import Run, Service, failure
 from serving.generate.streaming import sse
-from serving.generate.tools import parse_tools, tool_call
+from serving.generate.tool_reply import REPLY, AutoAnswer, Reply
+from serving.generate.tools import parse_tools, tool_call, tools_constraint
 
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text", "tools",
           "tool_choice", "parallel_tool_calls", "store", "metadata", "user", "safety_identifier", "prompt_cache_key",
@@ -105,14 +108,8 @@ def responses_request(body: Any, cfg: GenerateConfig) -> tuple[Request, Echo]:
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")
     tools = parse_tools(f, cfg, flat=True)
-    constraint, text_format = _text_format(f)
-    if tools is not None and tools.calls_forced:
-        if kw["stop"]:
-            raise bad("stop", "a forced call ends where its JSON does: a stop string would cut its arguments")
-        if constraint is not None:
-            raise bad("tool_choice", "a forced call is held to its tool's parameters: give text.format or a forced "
-                                     "tool_choice, not both")
-        constraint = tools.constraint()
+    asked, text_format = _text_format(f)
+    constraint = tools_constraint(tools, kw["stop"], asked, "text.format")
     echo = Echo(instructions, kw["max_new_tokens"] if given else None, f.number("temperature", 1.0),
                 f.number("top_p", 1.0), text_format, f.raw("tools", []), f.raw("tool_choice", "auto"),
                 f.boolean("parallel_tool_calls", True), _metadata(f), f.raw("user"), f.raw("safety_identifier"),
@@ -287,8 +284,8 @@ def answer(run: Run, service: Service, echo: Echo) -> dict[str, Any]:
     out = run.wait()[0]
     raise_failures([out])
     status = _status(out)
-    tools = run.req.tools
-    calls = tools.calls(out.text) if tools is not None and tools.calls_forced else None
+    tools = run.req.tools if run.req.tools is not None and run.req.tools.constrained else None
+    calls = tools.calls(out.text) if tools is not None else None
     if calls is not None:
         # a listed call that parsed is whole, whatever cut the list after it (a stream closes its item as its object
         # closes, before the finish is known); a forced call's text is its arguments, cut or not
@@ -296,7 +293,8 @@ def answer(run: Run, service: Service, echo: Echo) -> dict[str, Any]:
         output = [_call_item(c, whole) for c in calls]
     else:
         logprobs = [chat_logprob(service, r) for r in out.logprobs] if echo.include_logprobs else []
-        output = [_message_item(_id("msg"), status, [_text_part(out.text, logprobs)])]
+        text = tools.content(out.text) if tools is not None else out.text
+        output = [_message_item(_id("msg"), status, [_text_part(text, logprobs)])]
     return _object(echo, service, status, output, _usage(run))
 
 
@@ -340,15 +338,17 @@ class _CallItems:
 def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[str]:
     """Typed events as the tokens come: a message's text, or function_call items (`_CallItems`): a named call's
     arguments, or each call of a `"required"` list once its name shows, then its arguments, its item done when
-    its object closes (a whole call is `completed`, as `answer` says of it). A list cut short (by
-    `max_output_tokens`) does not parse, so `answer` gives its text as a message; the stream cannot take back the
-    calls it has sent: it ends the one cut as `incomplete` and then sends that same message, after them."""
+    its object closes (a whole call is `completed`, as `answer` says of it). Under auto nothing is sent until the
+    answer's first key shows: then its calls, as a list's, or its reply as a message's text, decoded. A list cut
+    short (by `max_output_tokens`) does not parse, so `answer` gives its text as a message; the stream cannot take
+    back the calls it has sent: it ends the one cut as `incomplete` and then sends that same message, after them."""
     from generation.engine import TokenEvent
 
     seq = itertools.count()
-    tools = run.req.tools if run.req.tools is not None and run.req.tools.calls_forced else None
+    tools = run.req.tools if run.req.tools is not None and run.req.tools.constrained else None
     forced = tools.forced if tools is not None else None
-    listed = CallList() if tools is not None and forced is None else None
+    auto = AutoAnswer() if tools is not None and tools.auto else None
+    listed = CallList() if tools is not None and forced is None and auto is None else None
 
     def event(kind: str, **payload: Any) -> str:
         return sse({"type": kind, "sequence_number": next(seq), **payload}, event=kind)
@@ -356,33 +356,54 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
     calls = _CallItems(event)
     yield event("response.created", response=_object(echo, service, "in_progress", [], None))
     yield event("response.in_progress", response=_object(echo, service, "in_progress", [], None))
-    text, logprobs, status = "", [], "completed"
+    text, logprobs, unsent, status = "", [], [], "completed"  # unsent: records no text delta has carried yet
     item_id = _id("msg")
     where = {"item_id": item_id, "output_index": 0}
+    opened = tools is None  # the message item has been added (a text answer's at once, auto's reply once it shows)
+
+    def call_news(news: list[Any]) -> Iterator[str]:
+        for e in news:
+            if isinstance(e, Begin):
+                yield from calls.added(e.name)
+            elif isinstance(e, Arguments):
+                yield from calls.delta(e.index, e.text)
+            elif isinstance(e, End):
+                yield from calls.done(e.index, "completed")
+
+    def open_message() -> Iterator[str]:
+        yield event("response.output_item.added", output_index=where["output_index"],
+                    item=_message_item(item_id, "in_progress", []))
+        yield event("response.content_part.added", **where, content_index=0, part=_text_part("", []))
+
     try:
         if forced is not None:
             yield from calls.added(forced.name)
-        elif tools is None:
-            yield event("response.output_item.added", output_index=0, item=_message_item(item_id, "in_progress", []))
-            yield event("response.content_part.added", **where, content_index=0, part=_text_part("", []))
+        elif opened:
+            yield from open_message()
         with closing(run.events()) as events:
             for _, ev in events:
                 if isinstance(ev, TokenEvent):
                     lp = [chat_logprob(service, ev.logprob)] if echo.include_logprobs and ev.logprob else []
                     text += ev.text
                     logprobs += lp
+                    unsent += lp
+                    piece = ev.text if tools is None else ""
                     if forced is not None and ev.text:
                         yield from calls.delta(0, ev.text)
                     elif listed is not None:
-                        for e in listed.feed(ev.text):
-                            if isinstance(e, Begin):
-                                yield from calls.added(e.name)
-                            elif isinstance(e, Arguments):
-                                yield from calls.delta(e.index, e.text)
-                            else:
-                                yield from calls.done(e.index, "completed")
-                    elif tools is None and (ev.text or lp):
-                        yield event("response.output_text.delta", **where, content_index=0, delta=ev.text, logprobs=lp)
+                        yield from call_news(listed.feed(ev.text))
+                    elif auto is not None:
+                        news = auto.feed(ev.text)
+                        yield from call_news(news)
+                        if not opened and auto.kind == REPLY:
+                            where["output_index"] = len(calls.items)
+                            yield from open_message()
+                            opened = True
+                        piece = "".join(e.text for e in news if isinstance(e, Reply))
+                    if opened and (piece or unsent):
+                        yield event("response.output_text.delta", **where, content_index=0, delta=piece,
+                                    logprobs=unsent)
+                        unsent = []
                     continue
                 fail = failure(ev)
                 if fail is not None:
@@ -391,15 +412,14 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
         whole = tools is not None and tools.calls(text) is not None
         yield from calls.close(status)  # a forced call, or a listed one cut short: every whole one is closed
         output = list(calls.items)
-        if not whole:  # a text answer, or a list of calls cut short: its text, as a message after what was sent
-            where = {"item_id": item_id, "output_index": len(output)}
-            if tools is not None:
-                yield event("response.output_item.added", output_index=len(output),
-                            item=_message_item(item_id, "in_progress", []))
-                yield event("response.content_part.added", **where, content_index=0, part=_text_part("", []))
-                yield event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=logprobs)
-            part = _text_part(text, logprobs)
-            yield event("response.output_text.done", **where, content_index=0, text=text, logprobs=logprobs)
+        if not whole:  # a text answer or auto's reply, or calls cut short: its text, as a message after what was sent
+            content = tools.content(text) if tools is not None else text
+            if not opened:
+                where = {"item_id": item_id, "output_index": len(output)}
+                yield from open_message()
+                yield event("response.output_text.delta", **where, content_index=0, delta=content, logprobs=logprobs)
+            part = _text_part(content, logprobs)
+            yield event("response.output_text.done", **where, content_index=0, text=content, logprobs=logprobs)
             yield event("response.content_part.done", **where, content_index=0, part=part)
             item = _message_item(item_id, status, [part])
             yield event("response.output_item.done", output_index=len(output), item=item)
@@ -410,8 +430,9 @@ def stream(run: Run, service: Service, echo: Echo, request_id: str) -> Iterator[
         err = openai_error(error_body(exc.message, exc.type, exc.field, request_id))["error"]
         yield event("error", code=err["code"], message=err["message"], param=err["param"])
         # what was streamed stays in the failed response, as far as it got
+        sent = auto.reply if auto is not None else text
         partial = calls.failed() or (
-            [_message_item(item_id, "incomplete", [_text_part(text, logprobs)])] if tools is None and text else [])
+            [_message_item(item_id, "incomplete", [_text_part(sent, logprobs)])] if opened and sent else [])
         # OpenAI's ResponseError codes name no timeout or abort: the server's side, with our code in the message
         yield event("response.failed", response=_object(echo, service, "failed", partial, None, {
             "code": "server_error", "message": f"{err['code']}: {err['message']}"}))

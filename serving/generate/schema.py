@@ -21,7 +21,7 @@ from typing import Any
 from generation.config import TEMPERATURE_RANGE
 from serving.generate.body import BodyConstraint, Fields, bad
 from serving.generate.config import GenerateConfig
-from serving.generate.tools import ToolCalling, parse_tools, tool_list
+from serving.generate.tools import ToolCalling, offered, parse_tools, tools_constraint
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -187,14 +187,8 @@ def chat_request(body: Any, cfg: GenerateConfig) -> Request:
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")
     tools = parse_tools(f, cfg)
-    constraint = _openai_constraint(f)
-    if tools is not None and tools.calls_forced:
-        if kw["stop"]:
-            raise bad("stop", "a forced call ends where its JSON does: a stop string would cut its arguments")
-        if constraint is not None:
-            raise bad("tool_choice", f"a forced call is held to its tool's parameters: give {constraint.field.split('.')[0]} "
-                                     "or a forced tool_choice, not both")
-        constraint = tools.constraint()
+    asked = _openai_constraint(f)
+    constraint = tools_constraint(tools, kw["stop"], asked, asked.field.split(".")[0] if asked else "")
     return Request("chat", [turns], ["messages"], [kw], [names], n=n, stream=f.boolean("stream"), model=model,
                    constraint=constraint, tools=tools, logprobs=logprobs, include_usage=_stream_options(f),
                    max_tokens_set=[given])
@@ -400,14 +394,14 @@ def pin_request(body: Any) -> tuple[str, Any]:
 @dataclass
 class TokenizeRequest:
     """vLLM's `/tokenize`: a `prompt` (text, as `/v1/completions` reads it) or chat `messages` (as
-    `/v1/chat/completions` renders them, `tools` included)."""
+    `/v1/chat/completions` renders them, `tools` included: as under `tool_choice` "auto", chat's default)."""
 
     prompt: Any
     where: str
     model: str | None
     add_special_tokens: bool
     add_generation_prompt: bool
-    tools: list[dict[str, Any]] | None
+    tools: ToolCalling | None
     return_token_strs: bool
 
 
@@ -429,9 +423,7 @@ def tokenize_request(body: Any, cfg: GenerateConfig) -> TokenizeRequest:
         if not isinstance(messages, list) or not messages:
             raise bad("messages", "must be a non-empty list of messages")
         prompt, where = [_message(m, i) for i, m in enumerate(messages)], "messages"
-    tools = f.raw("tools")
-    if tools is not None:
-        tool_list(tools, cfg)  # as chat checks them
+    tools = offered(f.raw("tools"), cfg) if f.has("tools") else None  # checked as chat checks them
     model = f.raw("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "must be a string")

@@ -25,6 +25,7 @@ from serving.generate.body import bad
 from serving.generate.config import GenerateConfig
 from serving.generate.metrics import GenerateMetrics
 from serving.generate.schema import Request
+from serving.generate.tools import ToolCalling
 
 log = logging.getLogger("pagoda.serve")
 DRAIN_GRACE_S = 30.0  # past the deadline, the loop has surely delivered the final event; more is a bug
@@ -268,20 +269,25 @@ class Service:
                            "model_not_found", "model")
 
     def tokens(self, prompt: Any, where: str, generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> list[int]:
+               tools: ToolCalling | None = None) -> list[int]:
         """Token ids of a prompt: text, ids (checked against the vocabulary) or chat messages (rendered
-        with the model's template, which also sees `tools`; `generation_prompt=False` for a prefix a later
-        chat continues). No limit is applied: `/tokenize` counts a prompt too long to generate from."""
+        with the model's template, as `tools` shows them: `ToolCalling.shown`; `generation_prompt=False` for a
+        prefix a later chat continues). No limit is applied: `/tokenize` counts a prompt too long to generate from."""
         engine = self.engine
+        put_before = 0  # messages the tools put before the body's: an error's index is past the body's by that
         try:
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-                prompt = engine.apply_chat_template(prompt, add_generation_prompt=generation_prompt, tools=tools)
+                shown, put_before = tools.shown(prompt) if tools is not None else (prompt, 0)
+                prompt = engine.apply_chat_template(shown, add_generation_prompt=generation_prompt,
+                                                    tools=tools.template_tools if tools is not None else None)
             return engine.encode(prompt)
         except InvalidParam as exc:
-            raise bad(exc.field if exc.field.startswith("messages") else where, exc.reason) from None
+            if not exc.field.startswith("messages"):
+                raise bad(where, exc.reason) from None
+            raise bad(_shifted(exc.field, -put_before), exc.reason) from None
 
     def encode(self, prompt: Any, where: str, generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> list[int]:
+               tools: ToolCalling | None = None) -> list[int]:
         """`tokens` of a prompt to generate from: at least one, and within the prompt limit."""
         ids = self.tokens(prompt, where, generation_prompt, tools)
         if not ids:
@@ -336,8 +342,7 @@ class Service:
         client's connection closed (the run then aborts, whether or not it streams)."""
         loop = self.ready()
         self.check_model(req.model)
-        tools = req.tools.definitions if req.tools is not None else None
-        prompt_ids = [self.encode(p, w, tools=tools) for p, w in zip(req.prompts, req.where)]
+        prompt_ids = [self.encode(p, w, tools=req.tools) for p, w in zip(req.prompts, req.where)]
         sequences = len(req.prompts) * req.n
         if sequences > self.cfg.max_waiting:  # a 503 would say "retry", and no retry could ever fit it
             field = "n" if req.n > 1 else req.where[0].split("[")[0]
@@ -449,6 +454,14 @@ class Service:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.engine.tokenizer.token_bytes(token_id)
+
+
+def _shifted(field: str, by: int) -> str:
+    """`messages[i]...` as `messages[i + by]...`: the template's index of a message, as the body's."""
+    if not by or not field.startswith("messages["):
+        return field
+    index, rest = field[len("messages["):].split("]", 1)
+    return f"messages[{int(index) + by}]{rest}"
 
 
 def choice_seed(seed: int, choice: int) -> int:

@@ -1,7 +1,8 @@
 """OpenAI's Responses API through the `openai` SDK (`responses.create`, `.stream`, `.parse`) and `requests`,
 against a real `pagoda serve` (a 2-layer random Llama with SmolLM2's tokenizer and chat template): answers equal
 the engine's in-process, token for token; a stream is the typed events the SDK's accumulator reads, whose
-deltas add up to the answer; forced function calls and `text.format` follow their schemas; an agent's loop
+deltas add up to the answer; forced function calls and `text.format` follow their schemas, and under `"auto"`
+(the default) the answer is calls or a message, streamed as the whole answer gives it; an agent's loop
 (its output items and the tools' outputs sent back) renders as chat's messages do; every unsupported or
 malformed field is a 400 naming it."""
 
@@ -264,7 +265,7 @@ def test_logprobs_come_with_include(client):
     ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity"),
     ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
      "tool_choice.type"),
-    ({"input": "x", "tools": TOOLS}, "tool_choice"),
+    ({"input": "x", "tools": TOOLS, "stop": "}"}, "stop"),  # under auto, the default: it would cut the JSON answer
     ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "required"}, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "a b"}], "tool_choice": "required"}, "tools[0].name"),
     ({"input": "x", "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
@@ -297,6 +298,13 @@ def test_what_the_sdk_sends_by_default_is_taken(client):
     assert ask(client, max_output_tokens=2).tool_choice == "auto"  # OpenAI's echo of no tool_choice
 
 
+def test_a_text_format_beside_auto_is_refused_naming_both(smollm2_server):
+    r = requests.post(smollm2_server.url + "/v1/responses", timeout=60, json={
+        "input": "x", "tools": TOOLS, "text": {"format": {"type": "json_object"}}})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "tool_choice" and "text.format" in err["message"], err
+
+
 def test_a_conversation_from_openai_continues_here(client):
     """OpenAI asks clients to send an assistant message's `phase` back on every turn."""
     r = ask(client, input=[{"role": "user", "content": "Hi"},
@@ -306,14 +314,68 @@ def test_a_conversation_from_openai_continues_here(client):
     assert r.usage.input_tokens > 0
 
 
-def test_auto_is_refused_with_this_dialect_s_spelling_of_a_named_call(smollm2_server):
-    r = requests.post(smollm2_server.url + "/v1/responses", json={"input": "x", "tools": TOOLS}, timeout=60)
-    message = r.json()["error"]["message"]
-    assert r.status_code == 400 and '{"type": "function", "name": ...}' in message and '"function": {' not in message
-
-
 def test_responses_are_counted_under_their_own_route(client, smollm2_server):
     before = requests.get(smollm2_server.url + "/stats", timeout=10).json()["generation"]["finished"]
     ask(client, max_output_tokens=3)
     after = requests.get(smollm2_server.url + "/stats", timeout=10).json()["generation"]["finished"]
     assert after["responses"]["length"] == before.get("responses", {}).get("length", 0) + 1
+
+
+def item_fields(item) -> tuple:
+    """An output item ids aside: a call's name, arguments and status, a message's status, text and logprobs tokens."""
+    if item.type == "function_call":
+        return call_fields(item)
+    return item.type, item.status, item.content[0].text, [lp.token for lp in item.content[0].logprobs]
+
+
+@pytest.mark.parametrize("case, kw", [
+    ("a reply cut short", {}),  # greedy: the random model replies, at length
+    ("calls", {"input": SEVERAL}),  # greedy: one call
+    ("a whole reply", "reply"),
+    ("calls cut short", {"input": SEVERAL, "max_output_tokens": 16}),  # into the call's arguments
+])
+def test_auto_answers_calls_or_a_message_and_streams_them(client, smollm2_engine, case, kw):
+    """Tools with no tool_choice: function_call items or a message of the reply's decoded text; the stream's final
+    response equals the whole one (a list cut short streams its call first, then the same message)."""
+    from test_generate_tools import branch
+
+    kw = {"tools": TOOLS, "max_output_tokens": 60, "include": ["message.output_text.logprobs"],
+          **(branch(smollm2_engine, kw) if isinstance(kw, str) else kw)}
+    if "logit_bias" in kw:
+        kw["extra_body"] = {"logit_bias": kw.pop("logit_bias")}
+    r = ask(client, **kw)
+    assert r.tool_choice == "auto"
+    with client.responses.stream(model=MODEL, temperature=0, **{"input": "What is the weather in Paris?", **kw}) \
+            as stream:
+        events, final = call_events(stream)
+    streamed = [item_fields(o) for o in final.output]
+    if case == "calls cut short":
+        assert r.status == "incomplete" and [o.type for o in final.output] == ["function_call", "message"]
+        assert r.output_text.startswith('{"tool_calls":[{"name":"') and final.output[0].status == "incomplete"
+        streamed = streamed[1:]
+    assert streamed == [item_fields(o) for o in r.output], case
+    if case == "calls":
+        assert r.status == "completed" and all(o.type == "function_call" for o in r.output)
+        for call in r.output:
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    else:
+        (message,) = [o for o in final.output if o.type == "message"]
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert deltas == message.content[0].text == r.output_text
+        assert r.status == ("completed" if case == "a whole reply" else "incomplete")
+
+
+def test_an_agent_loop_under_auto_renders_as_chat_does(client, smollm2_server):
+    """Function call items sent back under auto read as the model's own `{"tool_calls": ...}` answer, as chat's
+    assistant calls do: the same prompt, token for token."""
+    items = [{"role": "user", "content": "What is the weather in Paris?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": '{"city":"Paris","unit":"celsius"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}]
+    r = ask(client, input=items, tools=TOOLS, max_output_tokens=2)
+    chat = requests.post(smollm2_server.url + "/tokenize", timeout=60, json={"tools": CHAT_TOOLS, "messages": [
+        items[0], {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": items[1]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}], "return_token_strs": True}).json()
+    assert r.usage.input_tokens == chat["count"]
+    assert '<|im_start|>assistant\n{"tool_calls":[{"name":"get_weather","parameters":' in "".join(chat["token_strs"])

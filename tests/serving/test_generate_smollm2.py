@@ -4,6 +4,8 @@ dequantised twice (server and reference)."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import requests
@@ -13,6 +15,12 @@ from generation import Engine, EngineConfig, SamplingParams
 
 pytestmark = pytest.mark.slow
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+TOOLS = [{"type": "function", "function": {"name": name, "description": description, "parameters": {
+    "type": "object", "properties": properties, "required": [next(iter(properties))], "additionalProperties": False}}}
+    for name, description, properties in [
+        ("get_weather", "Get the current weather in a city",
+         {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}),
+        ("get_time", "Get the current time in a time zone", {"zone": {"type": "string"}})]]
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +67,20 @@ def test_a_frontend_on_this_host_reads_the_default_models_chat_template(smol):
 
     state = greet.run(backend=lang.HttpBackend(smol.url), temperature=0)
     assert state.text().startswith("<|im_start|>") and state["reply"]
+
+
+def test_smollm2_chooses_between_replying_and_calling_under_auto(smol):
+    """Tools with no tool_choice (the SDK's default): told the tools and the answer's format in the system message,
+    the 135M model replies to a request no tool serves and calls the one that serves the other (greedy)."""
+    client = openai.OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def ask(question: str):
+        return client.chat.completions.create(model="SmolLM2-135M-Instruct", tools=TOOLS, temperature=0, max_tokens=60,
+                                              messages=[{"role": "user", "content": question}]).choices[0]
+
+    haiku = ask("Write a haiku about the sea.")
+    assert haiku.message.tool_calls is None and haiku.finish_reason == "stop" and "sea" in haiku.message.content
+    rain = ask("Is it raining in Tokyo right now?")
+    (call,) = rain.message.tool_calls
+    assert rain.finish_reason == "tool_calls" and rain.message.content is None
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Tokyo"

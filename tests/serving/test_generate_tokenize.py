@@ -1,6 +1,7 @@
 """vLLM's `/tokenize` and `/detokenize` against a real `pagoda serve` (SmolLM2's tokenizer and chat template on a
 tiny random Llama): the ids are exactly those the generation routes feed the model (a prompt as
-`/v1/completions` encodes it, messages as `/v1/chat/completions` renders them, tools included), a prompt past
+`/v1/completions` encodes it, messages as `/v1/chat/completions` renders them, tools included, as under
+`tool_choice` "auto"), a prompt past
 the prompt limit is still counted, ids round-trip to text, and bad bodies are 400s in OpenAI's shape naming
 the field."""
 
@@ -39,8 +40,21 @@ def test_messages_are_counted_as_chat_renders_them(smollm2_server, smollm2_engin
     assert chat["usage"]["prompt_tokens"] == r["count"]
     prefix = post(smollm2_server, "/tokenize", {"messages": CHAT, "add_generation_prompt": False}).json()
     assert prefix["tokens"] == r["tokens"][:prefix["count"]] and prefix["count"] < r["count"]
+
+
+
+def test_messages_with_tools_are_counted_as_chat_renders_them_under_auto(smollm2_server, smollm2_engine):
+    """Tools with no tool_choice are auto, OpenAI's default: the system message gains the tools and the answer's
+    format, and the template is not given them (its own format would contradict ours)."""
+    from serving.generate.config import GenerateConfig
+    from serving.generate.tools import offered
+
     with_tools = post(smollm2_server, "/tokenize", {"messages": CHAT, "tools": TOOLS}).json()
-    assert with_tools["tokens"] == smollm2_engine.encode(smollm2_engine.apply_chat_template(CHAT, tools=TOOLS))
+    instruction = offered(TOOLS, GenerateConfig()).instruction()
+    shown = [{"role": "system", "content": "Be brief.\n\n" + instruction}, CHAT[1]]
+    assert with_tools["tokens"] == smollm2_engine.encode(smollm2_engine.apply_chat_template(shown))
+    chat = post(smollm2_server, "/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == with_tools["count"]
 
 
 def test_ids_round_trip_to_text(smollm2_server):

@@ -2,8 +2,9 @@
 SmolLM2's tokenizer and chat template): a named or required call always parses into `tool_calls` whose
 arguments validate against the tool's schema (the weights are noise, so that is the constraint's doing), equals
 the engine's constrained answer in-process, streams to the same calls, and `parse` reads it into pydantic
-objects; `auto` and every malformed tool are 400s naming their field; an agent's loop (an assistant's calls,
-then the tool's answer) renders through the chat template."""
+objects; under `auto` (the default) the answer is calls or a reply, streamed as the whole answer gives it; every
+malformed tool is a 400 naming its field; an agent's loop (an assistant's calls, then the tool's answer) renders
+through the chat template."""
 
 from __future__ import annotations
 
@@ -221,8 +222,6 @@ def test_an_agent_loop_renders_the_calls_and_the_tools_answer(client, smollm2_en
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({}, "tool_choice"),  # OpenAI's default once tools are given is "auto"
-    ({"tool_choice": "auto"}, "tool_choice"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
     ({"tool_choice": {"type": "tool", "function": {"name": "get_time"}}}, "tool_choice.type"),
@@ -345,3 +344,153 @@ def test_a_ref_inside_data_is_not_rewritten_under_required(client):
 def test_parameters_that_are_not_a_schema_object_are_refused(client, parameters):
     refused(client, "tools[0].function.parameters", tool_choice=NAMED,
             tools=[{"type": "function", "function": {"name": "get_weather", "parameters": parameters}}])
+
+
+# ---- tool_choice "auto" (OpenAI's default once tools are given) ----------------------------------------------
+
+
+def token(engine, text: str) -> str:
+    (token_id,) = engine.tokenizer.encode(text)
+    return str(token_id)
+
+
+def branch(engine, name: str) -> dict:
+    """A logit_bias that takes a branch on the random model: `response` written at once and `"}` as soon as the
+    string may close (a whole reply), or `tool` wherever a string may hold it (calls; no reply starts with it)."""
+    if name == "reply":
+        return {"logit_bias": {token(engine, "response"): 100, token(engine, '"}'): 100}}
+    return {"logit_bias": {token(engine, "tool"): 100}}
+
+
+def streamed_answer(chunks) -> tuple[str | None, list[tuple[str, str]], str, list[str]]:
+    """The content as a client accumulates it (None if no chunk has any), the calls (name, arguments), the finish
+    reason and the tokens of the logprobs records."""
+    content, (calls, _) = None, streamed_calls(chunks)
+    for c in chunks:
+        if c.choices and c.choices[0].delta.content is not None:
+            content = (content or "") + c.choices[0].delta.content
+    records = [r.token for c in chunks if c.choices and c.choices[0].logprobs for r in c.choices[0].logprobs.content]
+    return content, [(name, "".join(parts)) for _, name, parts in calls], chunks[-1].choices[0].finish_reason, records
+
+
+@pytest.mark.parametrize("case, kw, kind", [
+    ("a reply cut short", {}, "text"),  # greedy: the random model replies, at length
+    ("calls", {"messages": SEVERAL}, "calls"),  # greedy: one call
+    ("a whole reply", "reply", "reply"),
+    ("calls of tools", "calls", "calls"),
+    ("calls cut short", {"messages": SEVERAL, "max_tokens": 16}, "text"),  # into the call's arguments
+    ("no branch yet", {"max_tokens": 1}, "text"),
+])
+def test_auto_streams_what_the_whole_answer_gives(client, smollm2_engine, case, kw, kind):
+    """No tool_choice (the SDK's default, and agent frameworks'): the model replies or calls, in one JSON answer;
+    a stream adds up to the whole answer, byte for byte, finish reason and logprobs records included."""
+    kw = branch(smollm2_engine, kw) if isinstance(kw, str) else kw
+    kw = {"max_tokens": 60, **kw, "logprobs": True}
+    whole = ask(client, **kw).choices[0]
+    content, calls, finish, records = streamed_answer(list(ask(client, **kw, stream=True)))
+    assert (content, finish) == (whole.message.content, whole.finish_reason), case
+    assert records == [r.token for r in whole.logprobs.content]
+    if kind == "calls":
+        assert whole.finish_reason == "tool_calls" and whole.message.content is None
+        assert calls == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        for name, arguments in calls:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    else:
+        assert whole.message.tool_calls is None and whole.finish_reason == ("stop" if kind == "reply" else "length")
+        assert isinstance(whole.message.content, str)
+    if kind == "reply":  # the decoded string, up to the `"}` that closed it
+        assert "response" in whole.message.content and not whole.message.content.endswith('"}')
+    if case == "no branch yet":
+        assert whole.message.content == '{"'
+    if case == "calls cut short":  # the stream sent the call it saw; the whole answer and the stream's content agree
+        assert calls and whole.message.content.startswith('{"tool_calls":[{"name":"' + calls[0][0])
+
+
+def test_the_sdks_stream_helper_reads_auto_answers_as_the_whole_ones(client, smollm2_engine):
+    for kw in (branch(smollm2_engine, "reply"), branch(smollm2_engine, "calls")):
+        whole = ask(client, max_tokens=60, **kw).choices[0].message
+        with client.chat.completions.stream(model=MODEL, messages=CHAT, temperature=0, max_tokens=60, tools=TOOLS,
+                                            **kw) as stream:
+            final = stream.get_final_completion().choices[0].message
+        assert final.content == whole.content
+        assert [(c.function.name, c.function.arguments) for c in final.tool_calls or []] == \
+            [(c.function.name, c.function.arguments) for c in whole.tool_calls or []]
+
+
+def test_auto_without_parallel_calls_makes_at_most_one(client, smollm2_engine):
+    many = ask(client, tool_choice="auto", max_tokens=120, **branch(smollm2_engine, "calls")).choices[0]
+    one = ask(client, tool_choice="auto", parallel_tool_calls=False, max_tokens=120,
+              **branch(smollm2_engine, "calls")).choices[0]
+    assert len(many.message.tool_calls) > 1 and len(one.message.tool_calls) == 1, (many, one)
+
+
+def test_both_branches_of_auto_are_reachable_and_nothing_else_is(smollm2_engine):
+    """The constraint takes exactly one object, calls or a reply (escapes and all), compact, as the reader reads it."""
+    from generation.constraints import processor_from_request
+    from serving.generate.config import GenerateConfig
+    from serving.generate.tools import offered
+
+    spec = offered(TOOLS, GenerateConfig()).constraint().params
+
+    def takes(text: str) -> bool:
+        seq = processor_from_request(spec, smollm2_engine).fork()
+        return all(seq.matcher.consume_token(t) for t in smollm2_engine.tokenizer.encode(text)) \
+            and seq.matcher.is_accepting()
+
+    assert takes('{"tool_calls":[{"name":"get_time","parameters":{"zone":"UTC"}}]}')
+    assert takes('{"tool_calls":[{"name":"get_time","parameters":{"zone":"UTC"}},{"name":"get_weather",'
+                 '"parameters":{"city":"Paris","unit":"celsius"}}]}')
+    assert takes('{"response":"Hi"}') and takes('{"response":""}')
+    # llguidance writes `\\uXXXX` only for control characters, and other characters as they are
+    assert takes('{"response":"a\\n\\"b\\" \\\\ \\t \\u001f é😀"}')
+    for text in ('{"tool_calls":[]}', '{"response":"Hi","tool_calls":[]}', '{"tool_calls":[{"name":"get_time",'
+                 '"parameters":{"zone":"EST"}}]}', '{"answer":"Hi"}', '{ "response":"Hi"}', '"Hi"', '{"response":1}'):
+        assert not takes(text), text
+
+
+def test_under_auto_an_earlier_call_reads_as_the_json_the_model_writes(client, smollm2_server):
+    """An agent's loop: the assistant's calls come back as the `{"tool_calls": ...}` answer it was asked to write
+    (arguments parsed, compact), the tool's answer as the template renders it; /tokenize renders as chat does."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+    turns = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    tokens = requests.post(smollm2_server.url + "/tokenize", timeout=60, json={
+        "messages": turns, "tools": TOOLS, "return_token_strs": True}).json()
+    text = "".join(tokens["token_strs"])
+    assert ('<|im_start|>assistant\n{"tool_calls":[{"name":"get_weather","parameters":{"city":"Paris",'
+            '"unit":"celsius"}}]}<|im_end|>\n<|im_start|>tool\n18 degrees, sunny<|im_end|>') in text
+    assert ask(client, messages=turns, max_tokens=2).usage.prompt_tokens == tokens["count"]
+
+
+@pytest.mark.parametrize("messages, system", [
+    (CHAT, ""),
+    ([{"role": "system", "content": "Be brief."}, *CHAT], "Be brief.\n\n"),
+    ([{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]}, *CHAT], "Be brief.\n\n"),
+])
+def test_the_instruction_joins_the_system_message_or_comes_first(smollm2_server, messages, system):
+    from serving.generate.config import GenerateConfig
+    from serving.generate.tools import offered
+
+    instruction = offered(TOOLS, GenerateConfig()).instruction()
+    assert '{"name":"get_weather","description":"Weather in a city","parameters":{"type":"object"' in instruction
+    assert '\n{"name":"get_time","parameters":{"type":"object"' in instruction
+    r = requests.post(smollm2_server.url + "/tokenize", timeout=60, json={
+        "messages": messages, "tools": TOOLS, "return_token_strs": True}).json()
+    assert "".join(r["token_strs"]).startswith(
+        f"<|im_start|>system\n{system}{instruction}<|im_end|>\n<|im_start|>user\n{CHAT[0]['content']}<|im_end|>")
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+@pytest.mark.parametrize("kw, param", [
+    ({"stop": ["}"]}, "stop"),  # a stop string would cut the answer's JSON
+    ({"response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"extra_body": {"structured_outputs": {"regex": "a+"}}}, "tool_choice"),
+    ({"extra_body": {"min_tokens": 2}}, "min_tokens"),  # the grammar decides where the answer ends
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]"),  # the body's index, though the instruction's system message comes first
+])
+def test_what_would_break_auto_is_refused_by_field(client, choice, kw, param):
+    message = refused(client, param, **kw, **({"tool_choice": choice} if choice else {}))
+    if param == "tool_choice":  # the format asked for beside the tools is named too
+        assert next(k for k in (*kw, *kw.get("extra_body", {})) if k != "extra_body") in message
