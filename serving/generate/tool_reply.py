@@ -13,6 +13,8 @@ reply as its token comes, holding back just an escape that is not complete yet (
 digits, a high surrogate for the low half that may follow it). None of the installed libraries decodes a JSON
 string incrementally. An unpaired surrogate (JSON allows one; `json.loads` keeps it) becomes U+FFFD here, as the
 server's bytes are UTF-8, which has no form for it; a reply cut short (`max_tokens`) ends before a half escape.
+(llguidance, today, lets the model write `\\uXXXX` only for control characters and every other character as it
+is, so surrogate escapes do not come from the constraint; the decoder reads all of JSON's escapes all the same.)
 """
 
 from __future__ import annotations
