@@ -34,9 +34,12 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import urllib3
 
+from laya.answers import probabilities_from_answer
 from laya.errors import InputError
+from laya.questions import Question, parse_question
 
 DIGEST_HEADER = "X-Pagoda-Answers-Digest"
 """Response header of pagoda's decision routes: the answers digest of the Laya checkpoint that answered."""
@@ -131,6 +134,16 @@ class RemoteTeacher:
                            and all(isinstance(r["answers"].get(n), dict) for n in questions) for r in results)):
             raise TeacherUnavailable(f"{where}: the answer is not {len(states)} results answering "
                                      f"{sorted(questions)}")
+        student = next((r["model"] for r in results if str(r.get("model", "")).startswith("student:")), None)
+        if student is not None:  # pagoda's student servers name no digest either: not to be taken as a teacher
+            raise self._down(f"{where}: the server answers with a distilled student ({student}), not a Laya "
+                             "teacher: its answers are what the student already gave")
+        parsed = {n: parse_question(n, q) for n, q in questions.items()}
+        for r in results:
+            for n, q in parsed.items():
+                problem = _answer_problem(q, r["answers"][n])
+                if problem is not None:
+                    raise TeacherUnavailable(f"{where}: the answer to {n!r} is not a {q.type} answer ({problem})")
         return [{"answers": {n: {k: v for k, v in r["answers"][n].items() if k != "x_jev_confidence"}
                              for n in questions},
                  "usage": r.get("usage", {})} for r in results]
@@ -158,6 +171,23 @@ class RemoteTeacher:
         """For `/stats`: where the teacher is, never its key."""
         return {"url": self.url, "model": self.model, "timeout_s": self.timeout_s, "max_states": self.max_states,
                 "cooldown_s": self.cooldown_s, "teacher_digest": self.teacher_digest, "teacher_check": self._checked}
+
+
+def _answer_problem(q: Question, answer: dict[str, Any]) -> str | None:
+    """What keeps `answer` from being laya's answer to `q` (None when nothing does): a server that sends fewer
+    fields, or other kinds of values, would hand clients answers missing what theirs carry, or fail the gate."""
+    if answer.get("type") != q.type:
+        return f"type {answer.get('type')!r:.40}"
+    confidence = answer.get("answer_confidence")
+    if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0 <= confidence <= 1:
+        return f"answer_confidence {confidence!r:.40}"
+    try:
+        p = probabilities_from_answer(q, answer)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"no probabilities of its options: {exc}"
+    if not np.all(np.isfinite(p)):
+        return "probabilities that are not numbers"
+    return None
 
 
 def _innermost(exc: BaseException) -> BaseException:

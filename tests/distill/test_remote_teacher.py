@@ -234,6 +234,38 @@ def test_a_body_that_is_not_answers_leaves_the_student_s(pair, canned_http, body
     _student_kept(student, STATES, out, words)
 
 
+def _drop_probabilities(answer: dict) -> None:
+    answer.pop("probabilities", None)
+    answer.pop("noul", None)
+
+
+@pytest.mark.parametrize("edit, words", [
+    # fields gone: clients would get answers without them, as the teacher's
+    (_drop_probabilities, "no probabilities of its options"),
+    # a confidence that is not a number: a request with min_confidence then failed with a 500
+    (lambda a: a.update(answer_confidence="high"), "answer_confidence 'high'"),
+    (lambda a: a.update(type="score"), "type 'score'"),
+])
+def test_answers_that_are_not_laya_s_leave_the_student_s(pair, canned_http, edit, words):
+    student, teacher = pair
+    results = teacher.predict_batch(STATES, TASK["questions"])
+    for r in results:
+        edit(r["answers"]["department"])
+    body = json.dumps({"results": results}).encode()
+    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(canned_http(0.0, body)), parse_below(1, QUESTIONS)))
+    _student_kept(student, STATES, out, words)
+
+
+def test_a_student_server_is_not_taken_for_a_teacher(pair, canned_http):
+    """pagoda's own student servers name no answers digest, as laya-serve does; their answers (the student's
+    own) came back marked as the teacher's."""
+    student, _ = pair
+    results = [{**r, "model": "student:triage"} for r in student.predict_batch(STATES)]
+    body = json.dumps({"results": results}).encode()
+    out = student.predict_batch(STATES, defer=Deferral(RemoteTeacher(canned_http(0.0, body)), parse_below(1, QUESTIONS)))
+    _student_kept(student, STATES, out, "a distilled student (student:triage)")
+
+
 def test_bench_times_the_remote_deferral_beside_the_local_one(student_dir, distill_inputs, teacher_url, monkeypatch):
     """`pagoda bench distill --defer-below 1 --defer-to URL`: both rows, both agreeing with the teacher (the server
     runs the same one); a server that refuses stops the bench with its reason."""
