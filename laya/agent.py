@@ -154,20 +154,21 @@ class Agent:
                 raise
             raise in_batch(exc, i) from None
 
-    def predict_batch(self, states: list[Any], questions: Any, *, batch_size: int = 32,
+    def predict_batch(self, states: list[Any], questions: Any, *, batch_size: int | None = 32,
                       sort_by_length: bool = True, **kwargs: Any) -> list[dict[str, Any]]:
         """Many states against the same questions; results equal `predict` on each state, bit for bit.
 
-        `batch_size` bounds states per forward (0: all in one, as the official runtime reads it); a state's own
-        mistake names it `states[i]`; `sort_by_length` groups states of similar length so
+        `batch_size` bounds states per forward (None, 0 or a negative: all in one, as the official runtime reads
+        them); a state's own mistake names it `states[i]`; `sort_by_length` groups states of similar length so
         chunks carry less padding (it cannot change results: see `forward`).
         """
         if not isinstance(states, list | tuple):
             raise InputError(f"states: expected a list of states, got {type(states).__name__}", field="states")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise InputError(f"batch_size: must be an integer >= 0 (0: all states in one pass), got {batch_size!r}",
-                             field="batch_size")
-        batch_size = batch_size or max(len(states), 1)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
+            raise InputError(f"batch_size: must be an integer (0, a negative or None: all states in one pass), got "
+                             f"{batch_size!r}", field="batch_size")
+        # None, 0 or a negative: one pass, as the official runtime reads them (None is its default)
+        batch_size = batch_size if batch_size is not None and batch_size > 0 else max(len(states), 1)
         prepared = [self._prepare_nth(i, s, questions, kwargs) for i, s in enumerate(states)]
         order = list(range(len(prepared)))
         if sort_by_length:
@@ -203,6 +204,10 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
     `question_cache_bytes`: the bound of the question-token cache.
     """
     check_threads(threads, "threads")  # 1 to MAX_THREADS, as every --threads: torch segfaults or hangs on 99999
+    if threads is None:  # the default comes from the environment, and hangs the same way (onnxruntime on 5000)
+        given = os.environ.get("OMP_NUM_THREADS", "")
+        if given.isdigit() and int(given) > 0:
+            check_threads(int(given), "$OMP_NUM_THREADS (the default of threads)")
     if path is None:
         path = default_model_dir()
         if not (path / "rl_agent_config.json").is_file():

@@ -123,12 +123,14 @@ class TrainConfig:
             raise ValueError("train: --out is required")
         if (self.init is None) == (self.encoder is None):
             raise ValueError("train: give exactly one of --init (a Laya checkpoint) or --encoder (a pretrained folder)")
-        for name in ("batch_size", "eval_every", "save_every", "max_len", "head_max_len"):
+        for name, flag in (("batch_size", "--batch-size"), ("eval_every", "--eval-every"),
+                           ("save_every", "--save-every"), ("max_len", "--max-len"), ("head_max_len", "--head-max-len")):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"train: {name} must be a positive integer, got {v!r}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise ValueError(f"train: max_steps must be a positive integer, got {self.max_steps!r}")
+                raise ValueError(f"{flag}: must be a positive integer, got {v!r}")
+        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
+                                           or self.max_steps < 1):
+            raise ValueError(f"--max-steps: must be a positive integer, got {self.max_steps!r}")
         if self.encoder_layers is not None and (isinstance(self.encoder_layers, bool)
                                                 or not isinstance(self.encoder_layers, int) or self.encoder_layers < 1):
             raise ValueError(f"train: encoder_layers must be a positive integer (or unset: all), "
@@ -186,6 +188,26 @@ def check_resume(cfg: TrainConfig, saved: dict[str, Any], items: int, total: int
                          f"in {cfg.out} was saved")
     if total == saved["step"]:  # replaying it would only rewrite its summary, as a run that saw no example
         raise ValueError(f"--resume: the run in {cfg.out} already ended at step {total}; nothing to continue")
+
+
+def check_positions(cfg: TrainConfig) -> None:
+    """Refuse budgets past the encoder's positions before any work: a row that long failed deep in the encoder
+    with a tensor-size traceback, and only once a long enough state came (short ones trained silently), where
+    `predict` refuses the same budget by name."""
+    from laya.layout import ENCODER_CONFIG, checkpoint_positions, encoder_positions, read_json
+
+    if cfg.init is not None:
+        positions, where = checkpoint_positions(cfg.init), os.path.join(cfg.init, ENCODER_CONFIG)
+    else:
+        where = os.path.join(cfg.encoder, "config.json")
+        try:
+            positions = encoder_positions(read_json(where))
+        except (OSError, ValueError, AttributeError):
+            return  # the encoder's load names what is wrong with its folder
+    for name, flag in (("max_len", "--max-len"), ("head_max_len", "--head-max-len")):
+        if positions is not None and getattr(cfg, name) > positions:
+            raise ValueError(f"{flag}: {getattr(cfg, name)} is more than the encoder's {positions} positions "
+                             f"(max_position_embeddings in {where})")
 
 
 def build_model(cfg: TrainConfig):
@@ -305,6 +327,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     from laya.training.losses import proper_loss
 
     cfg.validate()
+    check_positions(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     items = read_jsonl(cfg.data)

@@ -86,6 +86,16 @@ def test_load_refuses_a_thread_count_torch_cannot_run(laya_tiny_bert, threads):
         laya.load(laya_tiny_bert, threads=threads)
 
 
+def test_load_refuses_an_omp_num_threads_no_runtime_can_run(laya_tiny_bert, monkeypatch):
+    """threads defaults to $OMP_NUM_THREADS; 5000 there hung onnxruntime's session creation (the argument itself
+    was checked, the environment's default was not)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "5000")
+    with pytest.raises(ValueError, match=r"\$OMP_NUM_THREADS \(the default of threads\): must be an integer from 1 "
+                                         r"to 1024, got 5000"):
+        laya.load(laya_tiny_bert)
+    assert laya.load(laya_tiny_bert, threads=1) is not None  # an explicit count needs no default
+
+
 def test_import_laya_is_cheap(tmp_path):
     import subprocess
     import sys

@@ -111,15 +111,19 @@ def test_option_order_argument_equals_in_question_order(agent):
 
 
 def test_predict_batch_arguments(agent):
-    """As the official runtime reads them: any sequence of states, `batch_size=0` for one pass, `lang` (which
-    changes nothing without language temperatures, and none can be loaded); a bad state is named by index."""
+    """As the official runtime reads them: any sequence of states, `batch_size` None (its default), 0 or a negative
+    for one pass (None and -1 were refused), `lang` (which changes nothing without language temperatures, and none
+    can be loaded); a bad state is named by index."""
     with pytest.raises(ValueError, match="states"):
         agent.predict_batch(STATE, {"q": OK})
-    with pytest.raises(ValueError, match="batch_size"):
-        agent.predict_batch([STATE], {"q": OK}, batch_size=-1)
+    for bad in ("2", 1.5, True):
+        with pytest.raises(InputError, match="batch_size"):
+            agent.predict_batch([STATE], {"q": OK}, batch_size=bad)
     assert agent.predict_batch([], {"q": OK}) == []
     one = agent.predict_batch([STATE, "other"], {"q": OK})
     assert agent.predict_batch((STATE, "other"), {"q": OK}, batch_size=0, lang="de-AT") == one
+    assert agent.predict_batch([STATE, "other"], {"q": OK}, batch_size=None) == one
+    assert agent.predict_batch([STATE, "other"], {"q": OK}, batch_size=-1) == one
     assert agent.predict(STATE, {"q": OK}, lang="de") == one[0]
     with pytest.raises(InputError, match=r"states\[2\]: must be a string") as err:
         agent.predict_batch([STATE, "other", 5], {"q": OK})

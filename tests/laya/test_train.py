@@ -139,8 +139,9 @@ def test_bad_file_and_config(tmp_path, laya_tiny_bert):
         read_jsonl(str(tmp_path / "blank.jsonl"))
     with pytest.raises(ValueError, match="exactly one of --init"):
         TrainConfig(data="x", out="y").validate()
-    with pytest.raises(ValueError, match="batch_size"):
-        TrainConfig(data="x", out="y", init="z", batch_size=0).validate()
+    for name, flag in (("batch_size", "--batch-size"), ("max_steps", "--max-steps"), ("eval_every", "--eval-every")):
+        with pytest.raises(ValueError, match=f"^{flag}: must be a positive integer, got 0"):  # named its field
+            TrainConfig(data="x", out="y", init="z", **{name: 0}).validate()
     for flag, lr in (("--lr", 1e308), ("--lr", -1e-3), ("--encoder-lr", 2.0)):  # 1e308 trained NaNs, exit 0
         with pytest.raises(ValueError, match=f"{flag}: must be a learning rate in \\[0, 1\\]"):
             TrainConfig(data="x", out="y", init="z", **{flag[2:].replace("-", "_"): lr}).validate()
@@ -150,6 +151,20 @@ def test_bad_file_and_config(tmp_path, laya_tiny_bert):
     for layers in (-2, 0):  # trained no layer at all before
         with pytest.raises(ValueError, match="encoder_layers"):
             TrainConfig(data="x", out="y", init="z", encoder_lr=1e-3, encoder_layers=layers).validate()
+
+
+@pytest.mark.parametrize("flag", ["--max-len", "--head-max-len"])
+def test_a_budget_past_the_encoders_positions_is_refused_before_training(flag, laya_tiny_bert, data, tmp_path, capsys):
+    """The tiny BERT has 1024 positions: 4000 trained silently on short states, and failed with a tensor-size
+    traceback once a state was long enough, where predict refuses the same budget by name."""
+    from serving.cli import main
+
+    argv = [flag, "4000"]
+    assert main(["train", "--data", data, "--init", laya_tiny_bert, "--out", str(tmp_path / "o"), "--threads", "1",
+                 "--max-steps", "1", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: 4000 is more than the encoder's 1024 positions" in err, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_loss_that_turns_nan_stops_the_run_at_that_step(laya_tiny_bert, data, tmp_path, monkeypatch):
