@@ -299,7 +299,7 @@ class Run:
     def _write_student_json(self, folder: Path, kind: str, heads: list[dict], models: dict, default: str,
                             checked: dict, d: dict, extra: dict) -> None:
         # The reader defines the format the writer must produce.
-        from distill.runtime import FORMAT
+        from distill.student_folder import FORMAT
 
         history = self.layout.work / "history.json"
         meta = {

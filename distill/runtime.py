@@ -15,7 +15,6 @@ i.e. per batch, and their states run one at a time.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections import defaultdict
@@ -28,6 +27,7 @@ import onnxruntime as ort
 from distill.deferral import Deferral, apply_deferral
 from distill.inputs import encode, load_tokenizer, normalise_words
 from distill.questions import select
+from distill.student_folder import read_meta
 from laya.answers import answer, check_min_confidence, gate
 from laya.calibration import clamp_temperature, softmax
 from laya.checks import check_threads
@@ -35,7 +35,6 @@ from laya.errors import InputError
 from laya.questions import Question, parse_question
 from laya.rows import state_text
 
-FORMAT = "pagoda-student/1"
 PER_TOKEN_INT8 = "per-token"   # student.json `int8_activations`: a token's int8 values are its own
 
 
@@ -50,12 +49,7 @@ class Student:
     def __init__(self, path: str | os.PathLike, *, precision: str | None = None, threads: int | None = None,
                  max_len: int | None = None):
         self.path = Path(path)
-        meta_path = self.path / "student.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{self.path}: not a student folder (no student.json)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise ValueError("{}: student.json field 'format' is {!r}, expected {!r}".format(self.path, meta.get("format"), FORMAT))
+        meta = read_meta(self.path)
         self.meta = meta
         self.name: str = meta["name"]
         self.kind: str = meta["kind"]

@@ -10,13 +10,13 @@ computes. Heavy imports happen in `load_backend`, in the serving process, so the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from distill.deferral import Deferral, apply_deferral, parse_below, recorded_teacher
 from distill.remote_teacher import RemoteTeacher
+from distill.student_folder import read_meta
 from laya.answers import check_min_confidence, gate
 from laya.errors import InputError
 from laya.layout import answers_digest
@@ -143,7 +143,7 @@ def load_backend(cfg: DecideConfig) -> LayaBackend | StudentBackend:
     if cfg.student:
         from distill.runtime import Student
 
-        models = json.loads((Path(cfg.student) / "student.json").read_text())["models"]
+        models = read_meta(cfg.student)["models"]
         student = Student(cfg.student, precision=student_precision(cfg.precision, models),
                           threads=cfg.torch_threads or None)
         deferral = None

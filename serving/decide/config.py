@@ -6,13 +6,13 @@ server's only ones before it served more than one API, and operators' scripts us
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from distill.deferral import parse_below, teacher_mismatch
 from distill.remote_teacher import RemoteTeacher
+from distill.student_folder import read_meta
 from laya.paths import default_model_dir
 from laya.precision import PRECISION_ENV, PRECISIONS, check_device, requested_precision
 from serving.flags import MAX_TORCH_THREADS, Settings, option
@@ -104,8 +104,11 @@ class DecideConfig(Settings):
                 raise ValueError(f"{self.where(name)} {path}: no such folder")
             if path and not (Path(path) / marker).is_file():  # else the worker fails to boot, with a traceback
                 raise ValueError(f"{self.where(name)} {path}: not a {name} folder (no {marker})")
+        if self.defer_any_teacher and self.defer_below is None:
+            raise ValueError(f"{self.where('defer_any_teacher')} needs --defer-below: it lets the teacher that "
+                             "takes the student's unsure answers be another model than the student's own")
         if self.student:  # its student.json is there: checked just above
-            meta = json.loads((Path(self.student) / "student.json").read_text())
+            meta = read_meta(self.student)
             student_precision(self.precision, meta["models"])
             if self.defer_below is not None:
                 parse_below(self.defer_below, meta["questions"], self.where("defer_below"))

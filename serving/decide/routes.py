@@ -10,9 +10,7 @@ its routes.
 from __future__ import annotations
 
 import functools
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, g, request
@@ -20,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from distill.questions import select
 from distill.remote_teacher import DIGEST_HEADER
+from distill.student_folder import read_meta
 from laya.layout import checkpoint_positions
 from laya.paths import default_model_dir
 from serving.decide import systemone
@@ -95,7 +94,7 @@ class DecideApi:
             return self._backend.default_questions
         if not self.cfg.student:
             return None
-        return json.loads((Path(self.cfg.student) / "student.json").read_text())["questions"]
+        return read_meta(self.cfg.student)["questions"]
 
     def stats(self) -> dict:
         backend = self.service.backend

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 WALK = ["task", "labels", "inputs", "modeling_student", "fidelity", "trainer", "linear", "export", "remote_teacher",
-        "deferral", "questions", "runtime", "latency", "report"]
+        "deferral", "questions", "student_folder", "runtime", "latency", "report"]
 DRIVERS = ["cli", "pipeline"]
 OUTSIDE = ["corpus"]   # `python -m distill.corpus`: writes make student's data file before the run
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -187,6 +188,31 @@ def test_bad_folders_and_options_are_named(student_dir, tmp_path):
     (tmp_path / "student.json").write_text(json.dumps(dict(meta, format="something-else")))
     with pytest.raises(ValueError, match="'format'"):
         Student(tmp_path)
+
+
+@pytest.mark.parametrize("edit, error, words", [
+    # each gave a KeyError traceback, a tokenizer's bare "No such file or directory", or a server that started and
+    # answered 500 to every request
+    (lambda m, d: (d / "student.json").write_text("{not json"), ValueError, "student.json: not valid JSON"),
+    (lambda m, d: (d / "student.json").write_text(json.dumps({k: v for k, v in m.items() if k != "models"})),
+     ValueError, "student.json: field 'models' must be a non-empty dict"),
+    (lambda m, d: (d / "student.json").write_text(json.dumps({**m, "heads": [m["heads"][0]]})), ValueError,
+     "field 'heads' has no head for question(s)"),
+    (lambda m, d: (d / "tokenizer.json").unlink(), FileNotFoundError, "student files missing: tokenizer.json"),
+    (lambda m, d: (d / "model.onnx").unlink(), FileNotFoundError, "student files missing: model.onnx"),
+])
+def test_a_broken_student_folder_is_named_with_its_file_and_field(student_dir, tmp_path, edit, error, words):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(student_dir, folder, ignore=shutil.ignore_patterns("baseline-*"))
+    edit(json.loads((folder / "student.json").read_text()), folder)
+    with pytest.raises(error, match=re.escape(words)):
+        Student(folder)
+    from serving.decide.config import DecideConfig  # `pagoda serve --student` refuses it before any worker starts
+
+    with pytest.raises(error, match=re.escape(words)):
+        DecideConfig(student=str(folder))
 
 
 def test_runtime_runs_with_torch_and_transformers_unimportable(student_dir):

@@ -321,6 +321,8 @@ def test_a_teacher_other_than_the_students_own_is_refused_unless_allowed(student
     (["--student", "{folder}", "--defer-below", "sentiment=0.5"], "['sentiment'] not among the student's questions"),
     (["--student", "{folder}", "--defer-below", "2"], "must be a number in [0, 1]"),
     (["--student", "{folder}", "--model", str(TINY_BERT)], "give either --model or --student"),
+    (["--student", "{folder}", "--defer-any-teacher"],  # was taken silently, though it changes nothing alone
+     "--defer-any-teacher / PAGODA_DEFER_ANY_TEACHER needs --defer-below"),
 ])
 def test_bad_deferral_flags_stop_startup_by_name(student, flags, words):
     import os
