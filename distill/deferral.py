@@ -42,8 +42,11 @@ class Deferral:
 
     def describe(self) -> dict[str, Any]:
         """The thresholds and what answers under them, for `/stats`."""
+        if self.remote:
+            return {"defer_below": self.below, "defer_to": self.teacher.describe()}
+        engine = getattr(self.teacher, "engine", None)  # a laya Agent's; any object with predict_batch may teach
         return {"defer_below": self.below,
-                "defer_to": self.teacher.describe() if self.remote else self.teacher.engine.describe()}
+                "defer_to": engine.describe() if engine is not None else {"teacher": type(self.teacher).__name__}}
 
 
 def recorded_teacher(meta: dict) -> str | None:

@@ -126,6 +126,22 @@ def test_only_the_asked_questions_are_answered_or_deferred(pair):
     assert all(list(r["answers"]) == ["churn"] and set(r["usage"]["deferred_questions"]) <= {"churn"} for r in out)
 
 
+def test_any_object_with_predict_batch_may_teach(pair):
+    """The module's word: a teacher is anything with laya's predict_batch. describe() read `.engine`, which only a
+    laya Agent has, and raised AttributeError for any other."""
+    student, teacher = pair
+
+    class Wrapped:
+        def predict_batch(self, states, questions, **budgets):
+            return teacher.predict_batch(states, questions, **budgets)
+
+    deferral = Deferral(Wrapped(), parse_below(1, QUESTIONS))
+    assert deferral.describe() == {"defer_below": {q: 1.0 for q in QUESTIONS}, "defer_to": {"teacher": "Wrapped"}}
+    mine = student.predict_batch(STATES, defer=deferral)
+    theirs = student.predict_batch(STATES, defer=Deferral(teacher, parse_below(1, QUESTIONS)))
+    assert mine == theirs
+
+
 def test_deferral_curve_counts_the_teacher_s_answers_as_agreeing():
     teacher = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
     student = np.array([[0.95, 0.05], [0.65, 0.35], [0.55, 0.45], [0.2, 0.8]])   # rows 1 and 2 unsure, 1 wrong
