@@ -215,7 +215,7 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", precision: 
                                     f"or set ${DEFAULT_MODEL_ENV} to a built copy)")
     path = str(path)
     config, encoder_config, tokenizer, weights_path = read_parts(path)
-    chosen = plan(precision, check_device(device))
+    chosen = plan(precision, check_device(device, "device"))
     return Agent(_engine(path, config, encoder_config, weights_path, chosen, threads), tokenizer, config, source=path,
                  max_positions=encoder_positions(encoder_config),
                  question_cache_bytes=question_cache_bytes)

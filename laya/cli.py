@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from laya.checks import MAX_THREADS
-from laya.precision import PRECISION_ENV, PRECISIONS
+from laya.precision import PRECISION_ENV, PRECISIONS, check_device
 
 
 def register(commands: Any, bench: Any) -> None:
@@ -110,7 +110,9 @@ def _decide(args: argparse.Namespace) -> int:
 
     try:
         state, questions = read_state(args.state), read_questions(args.questions)
-        agent = laya.load(args.model, device=args.device, precision=args.precision)
+        if args.model is not None and not Path(args.model).is_dir():  # laya.load names no flag: it is a library's
+            raise ValueError(f"--model: {args.model}: no such checkpoint folder")
+        agent = laya.load(args.model, device=check_device(args.device), precision=args.precision)
         out = agent.predict(state, questions, max_len=args.max_len, head_max_len=args.head_max_len,
                             min_confidence=args.min_confidence)
     except (ValueError, FileNotFoundError) as exc:

@@ -69,6 +69,14 @@ def test_decide_names_the_argument_and_file_it_could_not_read(laya_tiny_bert, tm
     assert json.loads(capsys.readouterr().out)["usage"]["state_tokens"] > 0  # the text "@home", not a file
 
 
+def test_decide_names_the_model_flag_for_a_folder_that_is_not_there(laya_tiny_bert, tmp_path, capsys):
+    """It said "checkpoint folder not found: /nowhere", naming no flag, where every other argument is named."""
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"churn": {"type": "noul", "instructions": "Does the user threaten to leave?"}}))
+    assert main(["decide", "--model", str(tmp_path / "nowhere"), "--state", "hi", "--questions", str(q)]) == 2
+    assert capsys.readouterr().err == f"pagoda decide: error: --model: {tmp_path / 'nowhere'}: no such checkpoint folder\n"
+
+
 def test_decide_names_a_damaged_checkpoint_file(laya_tiny_bert, tmp_path, capsys):
     import shutil
 
