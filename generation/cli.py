@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from generation.config import CACHE_BACKENDS, MAX_TORCH_THREADS, device_problem
+from generation.config import CACHE_BACKENDS, DTYPES, MAX_TORCH_THREADS, device_problem
 from generation.lang import bench as lang_bench
 
 
@@ -16,7 +16,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-backend", default="radix", choices=list(CACHE_BACKENDS),
                    help="radix tree (SGLang-style), hashed blocks (vLLM-style automatic prefix caching), or none")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (1-{MAX_TORCH_THREADS})")
 
 

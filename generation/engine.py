@@ -457,8 +457,10 @@ class Engine:
                                f"({self.config.max_pinned_fraction:g}) allows: unpin some first", "pin_result")
 
     def _pinned_blocks(self) -> int:
-        """Pool blocks the pins hold, each once (pins of a common prefix share its blocks)."""
-        return len({b for p in self._pins.values() for b in p.blocks})
+        """Pool blocks the pins hold, each once (pins of a common prefix share its blocks), those unpinned while
+        requests still use them included: they are held until the last of those ends."""
+        draining = [s.pin for s in self._requests.values() if s.pin is not None and s.pin.unpinned]
+        return len({b for p in [*self._pins.values(), *draining] for b in p.blocks})
 
     def pin(self, prompt: Prompt, *, cache_salt: str | None = None) -> str:
         """Compute `prompt`'s KV and keep it resident (never evicted) until `unpin(id)`. Returns its id."""

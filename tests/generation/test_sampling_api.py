@@ -385,7 +385,10 @@ def test_unpin_while_a_request_uses_the_pin_defers_the_release(tiny_llama):
     prefix = list(range(10, 31))
     pid = engine.pin(prefix)
     rid = engine.add_request([40, 41], SamplingParams(max_new_tokens=5, ignore_eos=True), pin=pid)
+    held = engine.stats()["pinned_blocks"]
     engine.unpin(pid)  # the queued request still reads the pin's blocks when it is admitted
+    # ...so they still count against the pins' share (they read 0, and the share check did not see them)
+    assert held > 0 and engine.stats()["pinned_blocks"] == held
     with pytest.raises(ValueError, match="pin"):
         engine.add_request([1], pin=pid)
     ends = []
@@ -393,6 +396,7 @@ def test_unpin_while_a_request_uses_the_pin_defers_the_release(tiny_llama):
         ends += [e for e in engine.step() if e.request_id == rid and isinstance(e, GenerationOutput)]
     assert ends[0].cached_tokens == len(prefix) and ends[0].token_ids == hf_greedy(tiny_llama, [prefix + [40, 41]], 5)[0]
     assert engine.blocks.num_free == engine.blocks.num_blocks and engine.stats()["pins"] == 0
+    assert engine.stats()["pinned_blocks"] == 0
 
 
 def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
