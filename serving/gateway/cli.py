@@ -45,6 +45,7 @@ def _gateway(args: argparse.Namespace) -> int:
         cfg = GatewayConfig.load(flags)
         groups = list(dict.fromkeys(spec.group for spec in cfg.upstreams))
         rules = Rules.load(cfg.route, groups, _positions(cfg)) if cfg.route else Rules.plain(groups)
+        _check_student(cfg, rules)
     except ValueError as exc:  # one line and exit 2, as every command answers a bad flag
         print(f"pagoda gateway: error: {exc}", file=sys.stderr)
         return 2
@@ -63,6 +64,26 @@ def _positions(cfg: GatewayConfig) -> int | None:
     from laya.paths import default_model_dir
 
     return checkpoint_positions(cfg.model or default_model_dir())
+
+
+def _check_student(cfg: GatewayConfig, rules) -> None:
+    """A route file's questions and budgets against a student (`--student`), before any fork, from its student.json
+    alone: a worker found them wrong only as it loaded, and the gateway exited 3 with the reason in its log."""
+    if not cfg.student or not rules.asks:
+        return
+    from distill.questions import select
+    from distill.student_folder import read_meta
+
+    own = read_meta(cfg.student)["questions"]
+    fixed = sorted(set(rules.budgets) - {"min_confidence"})
+    if fixed:
+        raise ValueError(f"route file {cfg.route}: budgets.{fixed[0]}: not taken with --student (a student's budgets "
+                         "were fixed when it was distilled); only min_confidence is")
+    for ask in rules.asks:
+        try:
+            select(own, ask.questions)
+        except ValueError as exc:
+            raise ValueError(f"route file {cfg.route}: {exc}") from None
 
 
 def _bench(args: argparse.Namespace) -> int:

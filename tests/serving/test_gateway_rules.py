@@ -120,6 +120,36 @@ def test_pagoda_gateway_stops_at_start_naming_the_rule(tmp_path):
     assert "Booting" not in done.stderr  # refused before gunicorn started
 
 
+def _fake_student(tmp_path, questions: dict):
+    """A student folder as its student.json describes it (the check at start reads no model)."""
+    import json
+
+    folder = tmp_path / "student"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"")
+    (folder / "student.json").write_text(json.dumps({
+        "format": "pagoda-student/1", "name": "triage", "kind": "linear", "questions": questions,
+        "heads": [{"name": n} for n in questions], "models": {"fp32": "model.onnx"}, "default_precision": "fp32",
+        "max_len": 128}))
+    return folder
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"questions": {"needs_reasoning": QUESTIONS["needs_reasoning"]}, "budgets": {"max_len": 256},
+      "routes": {"frontier": "needs_reasoning.noul > 0.5"}}, "budgets.max_len: not taken with --student"),
+    ({"questions": {"topic": QUESTIONS["topic"]}, "routes": {"frontier": "topic.choice == 'code'"}},
+     "this student answers only ['needs_reasoning']"),
+])
+def test_a_route_file_a_student_cannot_answer_stops_the_gateway_at_start(tmp_path, data, words):
+    """A worker found these only as it loaded: the gateway exited 3 with the reason in its log."""
+    student = _fake_student(tmp_path, {"needs_reasoning": QUESTIONS["needs_reasoning"]})
+    done = subprocess.run([sys.executable, "-m", "serving.cli", "gateway", "--upstream", "edge=http://127.0.0.1:9",
+                           "--upstream", "frontier=http://127.0.0.1:10", "--route", write(tmp_path, data),
+                           "--student", str(student), "--port", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and words in done.stderr and "Booting" not in done.stderr, done.stderr
+
+
 def test_request_state_reads_what_each_input_names():
     chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first"},
                          {"role": "assistant", "content": "ok"},
