@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from distill.questions import select
 from distill.remote_teacher import DIGEST_HEADER
 from distill.student_folder import read_meta
+from laya.errors import InputError
 from laya.layout import checkpoint_positions
 from laya.paths import default_model_dir
 from serving.decide import systemone
@@ -165,7 +166,16 @@ class DecideApi:
         body = parse_json(request.get_data(cache=False))
         # a student's own questions come from its student.json while it loads, so a body that leaves them out
         # is answered 503 (retry) like any other then, not 422 "questions is required"
-        return decide_request(body, route, self.cfg, self.presets, self._student_questions())
+        own = self._student_questions()
+        presets = self.presets
+        if own is not None:  # a student answers the presets of its own questions: those are the ones it knows
+            presets = {n: q for n, q in presets.items() if _asks(own, q)}
+            name = body.get("preset") if isinstance(body, dict) else None
+            if isinstance(name, str) and name in self.presets and name not in presets:
+                raise InputError(f"preset {name!r} asks questions this student was not distilled for (it answers "
+                                 f"{', '.join(sorted(own))}; its presets: {', '.join(sorted(presets)) or 'none'})",
+                                 field="preset")
+        return decide_request(body, route, self.cfg, presets, own)
 
     def _timing(self, queue_ms: float) -> dict:
         return {"latency_ms": round((time.monotonic() - g.t0) * 1000, 3), "queue_ms": queue_ms}

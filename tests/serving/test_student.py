@@ -58,6 +58,16 @@ def test_student_serving(student):
     r = requests.post(server.url + "/decide", json={"state": state, "min_confidence": gate}, timeout=30)
     assert r.status_code == 200 and r.json()["answers"] == local.predict(state, min_confidence=gate)["answers"]
     assert "abstention_threshold" in r.json()["answers"]["churn"]
+    # presets: those of its own questions are the ones it knows, as /v1/models lists them; one asking others is
+    # named as the preset (it was refused as questions.<name>, and "known presets" listed it)
+    listed = requests.get(server.url + "/v1/models", timeout=10).json()["presets"]
+    assert "support-triage" not in listed
+    r = requests.post(server.url + "/decide", json={"state": state, "preset": "support-triage"}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "preset", r.text
+    assert "asks questions this student was not distilled for" in r.json()["error"]["message"]
+    r = requests.post(server.url + "/decide", json={"state": state, "preset": "no-such"}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "preset", r.text
+    assert r.json()["error"]["message"].endswith(f"known presets: {', '.join(listed) or 'none loaded'}"), r.text
     engine = requests.get(server.url + "/stats", timeout=10).json()["decision_engine"]
     # ServerProcess sets $PAGODA_TORCH_THREADS=1, which reaches onnxruntime
     assert engine == {"precision": "fp32", "backend": "onnxruntime", "model_file": "model.onnx", "threads": 1}
