@@ -164,9 +164,12 @@ class Student:
 
     def _run_linear(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[dict]]:
         out = np.empty((len(texts), self.meta["n_logits"]), dtype=np.float32)
+        words = normalise_words(texts)
         for start in range(0, len(texts), batch_size):
-            chunk = np.array(normalise_words(texts[start:start + batch_size]), dtype=object).reshape(-1, 1)
+            chunk = np.array(words[start:start + batch_size], dtype=object).reshape(-1, 1)
             out[start:start + len(chunk)] = self._session.run(["logits"], {"text": chunk})[0]
-        usage = [{"input_tokens": len(t.split()), "output_tokens": 0, "state_tokens": len(t.split()),
-                  "state_tokens_dropped": 0, "truncated": False} for t in texts]
+        # the words it read (`\w\w+`, lowercased), not the text split on spaces: "a b c d" reads none, and
+        # "refund!!!refund" two
+        usage = [{"input_tokens": len(w.split()), "output_tokens": 0, "state_tokens": len(w.split()),
+                  "state_tokens_dropped": 0, "truncated": False} for w in words]
         return out, usage

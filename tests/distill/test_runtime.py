@@ -161,6 +161,15 @@ def test_usage_counts_state_tokens_as_laya_does(student):
         assert usage["state_tokens"] == own and usage["input_tokens"] == min(own, student.max_len - 2) + 2, state
 
 
+def test_a_linear_student_counts_the_words_it_reads(student_dir):
+    """docs/distill.md: tokens read are words for the linear student, the `\\w\\w+` words it reads; it counted the
+    text split on spaces ("a b c d" 4, where it reads none; "refund!!!refund" 1, where it reads two)."""
+    linear = Student(student_dir / "baseline-linear")
+    for state, words in (("a b c d", 0), ("refund!!!refund", 2), ("My package never arrived.", 4), ("", 0)):
+        usage = linear.predict(state)["usage"]
+        assert usage["input_tokens"] == usage["state_tokens"] == words, (state, usage)
+
+
 def test_an_absurd_thread_count_is_refused_before_the_session(student_dir, monkeypatch):
     """onnxruntime took threads=99999 and hung building the session's thread pool."""
     import distill.runtime
@@ -204,14 +213,14 @@ def test_bad_folders_and_options_are_named(student_dir, tmp_path):
 def test_a_broken_student_folder_is_named_with_its_file_and_field(student_dir, tmp_path, edit, error, words):
     import shutil
 
+    from serving.decide.config import DecideConfig
+
     folder = tmp_path / "copy"
     shutil.copytree(student_dir, folder, ignore=shutil.ignore_patterns("baseline-*"))
     edit(json.loads((folder / "student.json").read_text()), folder)
     with pytest.raises(error, match=re.escape(words)):
         Student(folder)
-    from serving.decide.config import DecideConfig  # `pagoda serve --student` refuses it before any worker starts
-
-    with pytest.raises(error, match=re.escape(words)):
+    with pytest.raises(error, match=re.escape(words)):  # `pagoda serve --student` refuses it before any worker starts
         DecideConfig(student=str(folder))
 
 
