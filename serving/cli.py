@@ -39,18 +39,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The modules only an extra installs (pyproject.toml), and the extra a command that needs one should name.
+EXTRAS = {"torch": "laya", "transformers": "laya", "safetensors": "laya", "onnx": "laya", "matplotlib": "laya",
+          "datasets": "distill", "sklearn": "distill", "skl2onnx": "distill", "gguf": "generation",
+          "llguidance": "generation", "jsonschema": "generation"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs a command. What a command did not turn into its own one-line error but is still the user's to mend
     (a path that is a file where a folder goes, a folder where a file goes, bytes that are not UTF-8, a value a
     validator refused: `OSError`s and `ValueError`s) prints as one line with exit 2 here rather than as a
     traceback; `PAGODA_TRACEBACK=1` shows the traceback."""
     args = build_parser().parse_args(argv)
+    name = " ".join(str(v) for v in (args.command, getattr(args, "bench_target", None)) if v)
     try:
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:  # the base install (an edge box: a student, no torch) lacks an extra's
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None or os.environ.get("PAGODA_TRACEBACK"):
+            raise
+        print(f"pagoda {name}: error: this needs {exc.name}, which this install lacks: "
+              f"pip install 'pagoda[{extra}]'", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
         if os.environ.get("PAGODA_TRACEBACK"):
             raise
-        name = " ".join(str(v) for v in (args.command, getattr(args, "bench_target", None)) if v)
         print(f"pagoda {name}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
         return 2
 

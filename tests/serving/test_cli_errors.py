@@ -217,3 +217,18 @@ def test_a_path_of_the_wrong_kind_is_one_line_not_a_traceback(tmp_path, capsys, 
     assert main(["generate", "-p", "", "--raw", "--model", str(tiny_llama)]) == 2  # the engine's InvalidParam
     err = capsys.readouterr().err
     assert err.startswith("pagoda generate: error: prompt: empty") and len(err.splitlines()) == 1, err
+
+
+def test_a_command_an_extra_is_missing_for_names_the_extra(tmp_path):
+    """The base install (an edge box serving a student) has no torch or onnx; a command that needs them ended in a
+    ModuleNotFoundError traceback. It says which module and which extra to install, exit 2."""
+    from serving_support import TINY_BERT
+
+    code = ("import sys\nfor m in ('torch', 'onnx'): sys.modules[m] = None  # as if not installed\n"
+            "from serving.cli import main\n"
+            f"sys.exit(main(['decide', '--model', {str(TINY_BERT)!r}, '--state', 'hi', '--questions', "
+            "'{\"q\": {\"type\": \"noul\", \"instructions\": \"Is it so?\"}}']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("pagoda decide: error: this needs ") and "pip install 'pagoda[laya]'" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
