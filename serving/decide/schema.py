@@ -96,10 +96,12 @@ def check_rows(n_states: int, questions: Any, batch: bool, cfg: DecideConfig) ->
                         cfg.where("max_request_rows"), "states" if batch else "questions")
 
 
-def too_large(cost: str, limit: int, where: str, field: str) -> ApiError:
-    """413 `request_too_large`: the body is small but what it asks for is more than one request may cost."""
+def too_large(cost: str, limit: int, where: str, field: str, lower_max_len: bool = False) -> ApiError:
+    """413 `request_too_large`: the body is small but what it asks for is more than one request may cost.
+    `lower_max_len`: the cost is in tokens, which a lower max_len cuts (a count of rows it does not)."""
     return ApiError(413, f"this request needs {cost}, over the server's per-request limit of {limit} ({where}); "
-                    "send fewer states or questions, or a lower max_len", "request_too_large", field)
+                    "send fewer states or questions" + (", or a lower max_len" if lower_max_len else ""),
+                    "request_too_large", field)
 
 
 def check_question_counts(questions: Any, cfg: DecideConfig) -> None:

@@ -83,7 +83,8 @@ class Service:
                 if tokens > self.cfg.max_request_tokens:  # stop tokenising: the answer is already no
                     more = f" for its first {i + 1} of {len(req.states)} states" if i + 1 < len(req.states) else ""
                     raise too_large(f"{tokens} encoder tokens{more}", self.cfg.max_request_tokens,
-                                    self.cfg.where("max_request_tokens"), "states" if batch else "questions")
+                                    self.cfg.where("max_request_tokens"), "states" if batch else "questions",
+                                    lower_max_len=True)
             pending = None
             if any(rows for rows, _ in costs):  # no rows (no questions, on the systemone routes): no model pass
                 try:

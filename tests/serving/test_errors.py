@@ -133,6 +133,7 @@ def test_cost_limits_refuse_before_the_model(agent, billing_questions):
         decide_request({"states": ["a", "b"], "questions": billing_questions}, "decide_batch", cfg, {})
     assert (err.value.status, err.value.type, err.value.field) == (413, "request_too_large", "states")
     assert "6 question rows (2 states x 3 questions)" in err.value.message
+    assert "max_len" not in err.value.message  # a lower max_len makes no fewer rows: it was advised anyway
     service = Service(cfg, DecideMetrics(), request_timeout_s=30)
     service.attach(LayaBackend(agent, "tiny"))
     long = DecideRequest(states=[BILLING_STATE * 20] * 3, questions={"q": billing_questions["churn_risk"]},
@@ -140,6 +141,7 @@ def test_cost_limits_refuse_before_the_model(agent, billing_questions):
     with pytest.raises(ApiError) as err:
         service.decide(long, time.monotonic(), "test", batch=True)
     assert err.value.status == 413 and "300 encoder tokens for its first 2 of 3 states" in err.value.message
+    assert err.value.message.endswith("send fewer states or questions, or a lower max_len")
     assert "limit of 200 (--max-request-tokens / PAGODA_MAX_REQUEST_TOKENS)" in err.value.message
     fits = DecideRequest(states=[BILLING_STATE * 20], questions={"q": billing_questions["churn_risk"]},
                          budgets={"max_len": 150})
