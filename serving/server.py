@@ -302,6 +302,12 @@ class FrontWorker(Worker):
             for server in servers:
                 server.close()
         await front.drain(cfg.graceful_timeout_s)
+        # connections drain aborted are still tasks on the loop until they run again: end them here, so that closing
+        # the loop destroys none pending (asyncio logged "Task was destroyed but it is pending!" for each)
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
 
 def _raise_fd_limit() -> None:

@@ -410,15 +410,21 @@ def test_two_workers_answer_and_stop_cleanly(tmp_path):
     the master warned of it on every start, though that pool is not preload's and OpenBLAS handles a fork."""
     server = ServerProcess(tmp_path / "two.log", ["--model", str(TINY_BERT), "--workers", "2"],
                            env={"OMP_NUM_THREADS": None})
+    idle = []
     try:
         server.running()
         workers_loaded(server, 2)
         good_requests(server, n=4)
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # open at SIGTERM
+        time.sleep(0.3)
     finally:
         code = server.stop()
+        for sock in idle:
+            sock.close()
     log = server.log()
     assert code == 0, log[-3000:]
     assert "terminate called" not in log and "SIGABRT" not in log and "native thread" not in log, log[-3000:]
+    assert "Task was destroyed" not in log, log[-3000:]  # the connections SIGTERM closed, left pending on the loop
 
 
 def workers_loaded(server: ServerProcess, n: int, timeout: float = 60.0) -> list[int]:
