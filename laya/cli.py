@@ -78,6 +78,10 @@ def _json(text: str, where: str) -> Any:
 
 
 def _file_text(path: Path, flag: str) -> str:
+    if str(path) in ("", "."):  # Path("") is ".": "file not found: ." named nothing the user wrote
+        raise ValueError(f"{flag}: no file named (give a path, @PATH for --state)")
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag}: {path} is a folder, not a file")
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: file not found: {path}")
     try:

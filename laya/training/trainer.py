@@ -222,6 +222,8 @@ def build_model(cfg: TrainConfig):
         return model, tok, config
     if not os.path.isdir(cfg.encoder):
         raise FileNotFoundError(f"train: encoder folder not found: {cfg.encoder}")
+    if not os.path.isfile(os.path.join(cfg.encoder, "config.json")):  # transformers' own words name no flag
+        raise FileNotFoundError(f"--encoder: {cfg.encoder} holds no config.json: not a pretrained encoder folder")
     import torch
 
     torch.manual_seed(cfg.seed)
@@ -245,7 +247,9 @@ def encoder_layer_prefixes(model, n: int | None) -> list[str]:
             obj = getattr(obj, part, None)
         if isinstance(obj, torch.nn.ModuleList):
             count = len(obj)
-            first = 0 if n is None else max(0, count - n)
+            if n is not None and n > count:  # was taken, training all of them: the run was not the one asked for
+                raise ValueError(f"--encoder-layers: {n} is more than the encoder's {count} layers")
+            first = 0 if n is None else count - n
             return [f"encoder.{path}.{i}." for i in range(first, count)]
     raise ValueError("train: cannot find the encoder's layer list to train only its top layers")
 

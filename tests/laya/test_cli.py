@@ -77,6 +77,17 @@ def test_decide_names_the_model_flag_for_a_folder_that_is_not_there(laya_tiny_be
     assert capsys.readouterr().err == f"pagoda decide: error: --model: {tmp_path / 'nowhere'}: no such checkpoint folder\n"
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--state", "hi", "--questions", ""], "--questions: no file named"),          # said "file not found: ."
+    (["--state", "@", "--questions", "{}"], "--state: no file named"),
+    (["--state", "@{tmp}", "--questions", "{}"], "--state: {tmp} is a folder, not a file"),  # said "file not found"
+])
+def test_decide_names_an_empty_path_and_a_folder(laya_tiny_bert, tmp_path, capsys, args, words):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["decide", "--model", laya_tiny_bert, *args]) == 2
+    assert capsys.readouterr().err.startswith(f"pagoda decide: error: {words.replace('{tmp}', str(tmp_path))}")
+
+
 def test_decide_names_a_damaged_checkpoint_file(laya_tiny_bert, tmp_path, capsys):
     import shutil
 

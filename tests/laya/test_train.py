@@ -329,6 +329,16 @@ def test_only_the_top_encoder_layers_train(laya_tiny_bert, data, tmp_path):
     ref = {k: v.float() for k, v in src.model.state_dict().items()}
     changed = {k for k in w if k.startswith("encoder.") and not torch.equal(w[k].float(), ref[k])}
     assert changed and all(k.startswith(top[0]) for k in changed)
+    with pytest.raises(ValueError, match="--encoder-layers: 3 is more than the encoder's 2 layers"):  # trained all 2
+        encoder_layer_prefixes(src.model, 3)
+    assert len(encoder_layer_prefixes(src.model, 2)) == 2
+
+
+def test_an_encoder_folder_without_its_config_is_named(data, tmp_path):
+    """transformers said only "Unrecognized model in ...", naming no flag."""
+    (tmp_path / "enc").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^--encoder: .*enc holds no config.json"):
+        train(TrainConfig(data=data, out=str(tmp_path / "o"), encoder=str(tmp_path / "enc")), progress=False)
 
 
 def _claim_bf16_units(monkeypatch, units: bool) -> None:
