@@ -166,9 +166,9 @@ def check(model: EncoderStudent, fp32: Path, int8: Path, rows: list[list[int]], 
             sl, t = slice(h["offset"], h["offset"] + h["size"]), h["temperature"]
             worst = max(worst, float(np.abs(softmax(a[sl], t) - softmax(b[sl], t)).max()))
     print(f"export check: max |onnx fp32 - torch| logits = {fp32_diff:.2e} (tolerance {tolerance:.0e}); "
-          f"max |int8 - fp32| probability = {worst:.4f} (tolerance {int8_tolerance:.2f})")
+          f"max |int8 - fp32| probability = {worst:.4f} (tolerance {int8_tolerance:g})")
     if not fp32_diff <= tolerance:
         raise ExportCheckError(f"export check failed: ONNX fp32 differs from torch by {fp32_diff:.3e} > export.tolerance {tolerance:.1e}")
     if not worst <= int8_tolerance:
-        raise ExportCheckError(f"export check failed: int8 probabilities differ from fp32 by {worst:.4f} > export.int8_tolerance {int8_tolerance:.3f}")
+        raise ExportCheckError(f"export check failed: int8 probabilities differ from fp32 by {worst:.4f} > export.int8_tolerance {int8_tolerance:g}")
     return {"fp32_vs_torch_max_abs_logit": fp32_diff, "int8_vs_fp32_max_abs_prob": worst}

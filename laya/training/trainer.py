@@ -440,7 +440,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         epoch += 1
     bar.close()
     elapsed = time.time() - t0
-    summary = {"steps": step, "examples_seen": seen, "seconds": elapsed,
+    # `steps` is where the run stands; what this process did (a resumed run's part) is counted from `resumed_from`
+    summary = {"steps": step, "resumed_from": start, "examples_seen": seen, "seconds": elapsed,
                "examples_per_s": seen / max(1e-9, elapsed), "final_loss": last.get("loss"),
                "history": history}
     with open(os.path.join(cfg.out, "train_summary.json"), "w", encoding="utf-8") as f:
