@@ -112,8 +112,15 @@ class DecideConfig(Settings):
             student_precision(self.precision, meta["models"])
             if self.defer_below is not None:
                 parse_below(self.defer_below, meta["questions"], self.where("defer_below"))
+                teacher = self.model or default_model_dir()
+                if self.defer_to is None and not self.model and not (Path(teacher) / "rl_agent_config.json").is_file():
+                    # the worker found it missing as it loaded, and its advice (build laya-mini) needs pagoda[laya]
+                    raise ValueError(f"{self.where('defer_below')}: the teacher that takes the unsure answers, the "
+                                     f"default laya-mini ({teacher}), is not built here: build it (`make model`, "
+                                     f"with pagoda[laya]), give one with --model, or a server's URL with "
+                                     f"{self.where('defer_to')}")
                 if self.defer_to is None and not self.defer_any_teacher:
-                    why = teacher_mismatch(meta, self.model or default_model_dir())
+                    why = teacher_mismatch(meta, teacher)
                     if why:
                         raise ValueError(f"{self.where('defer_below')}: {why}. Distil the student again from this "
                                          f"teacher (`make student`), or pass {self.where('defer_any_teacher')}")

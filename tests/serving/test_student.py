@@ -73,6 +73,18 @@ def test_student_serving(student):
     assert engine == {"precision": "fp32", "backend": "onnxruntime", "model_file": "model.onnx", "threads": 1}
 
 
+def test_deferring_to_a_default_teacher_that_is_not_built_stops_startup(student, tmp_path, monkeypatch):
+    """An edge install (no laya-mini built) started, and each worker failed as it loaded, advising a build that
+    needs pagoda[laya]; it is refused before any fork, naming the ways out."""
+    from serving.decide.config import DecideConfig
+
+    folder, _ = student
+    monkeypatch.setenv("PAGODA_LAYA_MINI", str(tmp_path / "not-built"))
+    with pytest.raises(ValueError, match=r"the default laya-mini \(.*not-built\), is not built here: .*--defer-to"):
+        DecideConfig(student=str(folder), defer_below="0.5")
+    DecideConfig(student=str(folder), defer_below="0.5", defer_to="http://127.0.0.1:9")  # a remote teacher: fine
+
+
 def test_a_body_without_questions_waits_like_any_while_the_student_loads(student):
     """Leaving `questions` out asks a student all of its own; before it has loaded that is the 503 every
     request gets (retry), not a 422 "questions is required" a client would take as final."""
