@@ -3,6 +3,7 @@ startup refuses a broken presets or policy file by name (the real CLI, before an
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -56,7 +57,10 @@ def test_a_device_torch_cannot_use_names_its_setting(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match=needle):
             ServeConfig.from_sources({}, env=env)
     assert ServeConfig.from_sources({}, env={"PAGODA_GENERATE_DEVICE": "cuda", "PAGODA_GENERATE_MODEL": "none"})
-    (tmp_path / "student.json").write_text('{"models": {"fp32": "model.onnx"}, "questions": {}}')
+    (tmp_path / "model.onnx").write_bytes(b"")  # a student folder as student.json describes it (nothing loads)
+    (tmp_path / "student.json").write_text(json.dumps({
+        "format": "pagoda-student/1", "name": "s", "kind": "linear", "questions": {"q": {"type": "noul"}},
+        "heads": [{"name": "q"}], "models": {"fp32": "model.onnx"}, "default_precision": "fp32", "max_len": 8}))
     assert ServeConfig.from_sources({"student": str(tmp_path)}, env={"PAGODA_DEVICE": "cuda"}).decide.device == "cuda"
 
 

@@ -398,7 +398,8 @@ def test_student_lists_only_presets_it_answers_and_refuses_deep_states(student_f
             assert r.status_code == 200 and set(r.json()["answers"]) == set(yaml.safe_load(
                 presets.read_text())[name]), r.text
         r = requests.post(server.url + "/decide", json={"state": "x", "preset": "support-triage"}, timeout=30)
-        assert r.status_code == 422 and r.json()["error"]["field"] == "questions.urgency", r.text  # not its own
+        assert r.status_code == 422 and r.json()["error"]["field"] == "preset", r.text  # not its own: the preset is
+        assert "asks questions this student was not distilled for" in r.json()["error"]["message"]  # what is wrong
         refused(raw(server, "/decide", f'{{"state": {nest(10_000)}}}'), 400, "invalid_json", "state[0]")
         refused(raw(server, "/decide/batch", f'{{"states": ["a", {{"t": {nest(80)}}}]}}'), 400, "invalid_json",
                 "states[1].t[0]")

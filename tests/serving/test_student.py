@@ -251,8 +251,12 @@ def test_a_slow_remote_teacher_holds_up_no_other_request(student, tmp_path, cann
     import json
     from concurrent.futures import ThreadPoolExecutor
 
+    from laya.questions import parse_question
+
     folder, _ = student
-    answer = {"type": "choice", "choice": "billing", "probabilities": {}, "confidence": 1.0, "answer_confidence": 1.0}
+    keys = parse_question("department", TASK["questions"]["department"]).keys  # an answer as laya writes one
+    answer = {"type": "choice", "choice": "billing", "probabilities": {k: float(k == "billing") for k in keys},
+              "confidence": 1.0, "answer_confidence": 1.0}
     slow = canned_http(4.0, json.dumps({"results": [{"answers": {"department": answer},
                                                      "usage": {"input_tokens": 7}}]}).encode())
     server = ServerProcess(tmp_path / "edge.log", ["--student", str(folder), "--defer-below", "department=1,churn=0",
