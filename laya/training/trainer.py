@@ -237,8 +237,8 @@ def build_model(cfg: TrainConfig):
     return model, tok, config
 
 
-def encoder_layer_prefixes(model, n: int | None) -> list[str]:
-    """State-dict prefixes of the top `n` encoder layers (BERT `encoder.layer`, ModernBERT `layers`)."""
+def _layer_list(model) -> tuple[str, int]:
+    """Where the encoder's layers are (BERT `encoder.layer`, ModernBERT `layers`) and how many there are."""
     import torch
 
     for path in ("encoder.layer", "layers", "layer"):
@@ -246,12 +246,15 @@ def encoder_layer_prefixes(model, n: int | None) -> list[str]:
         for part in path.split("."):
             obj = getattr(obj, part, None)
         if isinstance(obj, torch.nn.ModuleList):
-            count = len(obj)
-            if n is not None and n > count:  # was taken, training all of them: the run was not the one asked for
-                raise ValueError(f"--encoder-layers: {n} is more than the encoder's {count} layers")
-            first = 0 if n is None else count - n
-            return [f"encoder.{path}.{i}." for i in range(first, count)]
+            return path, len(obj)
     raise ValueError("train: cannot find the encoder's layer list to train only its top layers")
+
+
+def encoder_layer_prefixes(model, n: int | None) -> list[str]:
+    """State-dict prefixes of the top `n` encoder layers (all of them when `n` is None or more than there are)."""
+    path, count = _layer_list(model)
+    first = 0 if n is None else max(0, count - n)
+    return [f"encoder.{path}.{i}." for i in range(first, count)]
 
 
 def _encoder_name(folder: str) -> str:
@@ -358,6 +361,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         if isinstance(m, torch.nn.Dropout):
             m.p = cfg.dropout
     frozen = cfg.encoder_lr == 0
+    if cfg.encoder_layers is not None and cfg.encoder_layers > _layer_list(model)[1]:  # it trained all of them
+        raise ValueError(f"--encoder-layers: {cfg.encoder_layers} is more than the encoder's "
+                         f"{_layer_list(model)[1]} layers")
     trained_prefixes = ["encoder."] if cfg.encoder_layers is None else encoder_layer_prefixes(model, cfg.encoder_layers)
     enc_params = []
     for n, p in model.encoder.named_parameters():
