@@ -361,9 +361,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         if isinstance(m, torch.nn.Dropout):
             m.p = cfg.dropout
     frozen = cfg.encoder_lr == 0
-    if cfg.encoder_layers is not None and cfg.encoder_layers > _layer_list(model)[1]:  # it trained all of them
-        raise ValueError(f"--encoder-layers: {cfg.encoder_layers} is more than the encoder's "
-                         f"{_layer_list(model)[1]} layers")
+    layers = _layer_list(model)[1] if cfg.encoder_layers is not None else 0
+    if cfg.encoder_layers is not None and cfg.encoder_layers > layers:  # it trained all of them
+        raise ValueError(f"--encoder-layers: {cfg.encoder_layers} is more than the encoder's {layers} layers")
     trained_prefixes = ["encoder."] if cfg.encoder_layers is None else encoder_layer_prefixes(model, cfg.encoder_layers)
     enc_params = []
     for n, p in model.encoder.named_parameters():

@@ -169,7 +169,7 @@ class DecideApi:
         own = self._student_questions()
         presets = self.presets
         if own is not None:  # a student answers the presets of its own questions: those are the ones it knows
-            presets = {n: q for n, q in presets.items() if _asks(own, q)}
+            presets = {n: self.presets[n] for n in self.answerable_presets()}
             name = body.get("preset") if isinstance(body, dict) else None
             if isinstance(name, str) and name in self.presets and name not in presets:
                 raise InputError(f"preset {name!r} asks questions this student was not distilled for (it answers "

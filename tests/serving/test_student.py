@@ -85,17 +85,19 @@ def test_deferring_to_a_default_teacher_that_is_not_built_stops_startup(student,
     DecideConfig(student=str(folder), defer_below="0.5", defer_to="http://127.0.0.1:9")  # a remote teacher: fine
 
 
-def test_a_body_without_questions_waits_like_any_while_the_student_loads(student):
+def test_a_body_without_questions_waits_like_any_while_the_student_loads(student, monkeypatch):
     """Leaving `questions` out asks a student all of its own; before it has loaded that is the 503 every
     request gets (retry), not a 422 "questions is required" a client would take as final."""
     from serving.app import create_app
     from serving.config import ServeConfig
     from serving.decide.config import DecideConfig
     from serving.decide.routes import DecideApi
+    from serving.decide.service import Service
 
     folder, _ = student
+    monkeypatch.setattr(Service, "load_in_background", lambda self: None)  # still loading, however long the test
     cfg = ServeConfig(decide=DecideConfig(student=str(folder)))
-    client = create_app(cfg, apis=[DecideApi(cfg.decide, 30)]).test_client()  # never loaded
+    client = create_app(cfg, apis=[DecideApi(cfg.decide, 30)]).test_client()
     for body in ({"state": "help"}, {"state": "help", "questions": ["churn"]}):
         r = client.post("/decide", json=body)
         assert r.status_code == 503 and r.get_json()["error"]["type"] == "not_ready", (body, r.get_json())
